@@ -1,0 +1,48 @@
+// The schedule compiler: PipelineSpec + CostModel -> a validated Schedule with predictions.
+//
+// Passes (DESIGN.md section 4), each usable alone:
+//   BuildComputeOrder  - the family's compute order (F/B/W only), per stage
+//   LowerCommunication - SEND_*/RECV_* pairs in a deadlock-free, sender-driven order
+//   PlanOffload        - OFFLOAD/RELEASE/RELOAD/BARRIER placement for the spec's policy
+//   Compile            - all of the above, then Validate and Simulate
+#ifndef PIPEOFFLOAD_COMPILER_H_
+#define PIPEOFFLOAD_COMPILER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipeoffload/cost_model.h"
+#include "pipeoffload/schedule.h"
+
+namespace pipeoffload {
+
+// Checks the spec for its family and resolves defaults (group_size 0 -> the family's default).
+// Errors: InvalidArgument saying what is wrong and what would be accepted, e.g.
+// "interleaved needs num_microbatches % num_stages == 0 (m=6, p=4)".
+[[nodiscard]] absl::StatusOr<PipelineSpec> ResolveSpec(const PipelineSpec& spec);
+
+// The compute order of the spec's family: per stage, F/B(/W) ops only, no comm, no offload.
+// REQUIRES: spec came from ResolveSpec.
+[[nodiscard]] absl::StatusOr<Schedule> BuildComputeOrder(const PipelineSpec& spec,
+                                                         const CostModel& cost);
+
+// Inserts SEND_*/RECV_* for every cross-stage dependency, sender-driven (each RECV is placed on
+// the receiver when its SEND is placed on the sender), which keeps every pair of stages in one
+// consistent order and makes the result deadlock-free under blocking rendezvous.
+// Errors: FailedPrecondition ("malformed compute order") when the order cannot make progress.
+[[nodiscard]] absl::StatusOr<Schedule> LowerCommunication(const Schedule& compute_order);
+
+// Places OFFLOAD/RELEASE/RELOAD (and BARRIERs between paired stages) into a lowered schedule
+// according to spec.offload (kNone returns the input unchanged). Never fails for lack of
+// bandwidth: it plans as much as fits and records a warning with the numbers in the result's
+// predictions, unless spec.strict, when that shortfall is FailedPrecondition.
+[[nodiscard]] absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered, const CostModel& cost);
+
+// Full pipeline of passes. The result passes Validate and carries predictions.
+[[nodiscard]] absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost);
+
+}  // namespace pipeoffload
+
+#endif  // PIPEOFFLOAD_COMPILER_H_

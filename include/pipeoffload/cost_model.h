@@ -1,0 +1,79 @@
+// The cost model the compiler plans with and the simulator times with (DESIGN.md section 4).
+//
+// Times are in any unit the user likes (seconds for measured costs, "units" for --unit-costs);
+// bandwidths are bytes per that unit. Plain values, and their JSON form.
+#ifndef PIPEOFFLOAD_COST_MODEL_H_
+#define PIPEOFFLOAD_COST_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pipeoffload {
+
+struct CostModel {
+  // Per-chunk compute durations. When the spec does not split W, one B op takes
+  // backward_time + weight_time.
+  double forward_time = 1.0;
+  double backward_time = 1.0;  // input-gradient part
+  double weight_time = 1.0;    // weight-gradient part
+  // Optional per-stage multipliers of the three durations (size p), for unbalanced pipelines
+  // and measured costs; empty = 1 everywhere.
+  std::vector<double> stage_time_scale;
+
+  // Saved-activation bytes of one (mb, chunk) stash entry. activation_bytes_per_virtual_stage,
+  // when not empty, has p * v entries indexed by virtual stage c * p + d and overrides the
+  // uniform value (the runtime measures it exactly; the last stage may save more).
+  std::int64_t activation_bytes = 1 << 20;
+  std::vector<std::int64_t> activation_bytes_per_virtual_stage;
+  // Bytes of one P2P message (activation forward, gradient backward).
+  std::int64_t boundary_bytes = 1 << 16;
+
+  // Host link (PCIe) bandwidth per direction, bytes per time unit, for a copy running alone and
+  // for each direction while both run (reference/hardware.md: 55.2 alone, ~44.6 duplex GB/s).
+  // The simulator times a transfer with the duplex figure whenever the opposite direction of the
+  // same link is busy when it starts, else with the solo figure.
+  double d2h_bandwidth = 55.2e9;
+  double h2d_bandwidth = 55.2e9;
+  double duplex_bandwidth = 44.6e9;
+  // One copy engine serves both directions (transfers serialise).
+  bool shared_copy_engine = false;
+
+  // P2P link between neighbouring stages.
+  double p2p_bandwidth = 100e9;
+  double p2p_latency = 0.0;
+  // P2P crosses the same PCIe host link as offload (inter-node, or no NVLink): sends are charged
+  // to the sender's link in the D2H direction and to the receiver's in the H2D direction.
+  bool p2p_shares_host_link = false;
+  // Stages [k * host_link_group_size, (k + 1) * host_link_group_size) share one host link and
+  // are paired for staggering. 1 = every stage has its own link.
+  int host_link_group_size = 2;
+
+  // Transfer safety margin: a reload must end this long before its B starts, in units of B's
+  // duration (reference planner: one B duration).
+  double reload_margin_in_backward_times = 1.0;
+
+  // Bytes of entry (mb, chunk) on `stage` for a pipeline of `num_stages` stages.
+  std::int64_t ActivationBytes(int stage, int chunk, int num_stages) const;
+  // Durations on `stage` (applies stage_time_scale).
+  double ForwardTime(int stage) const;
+  double BackwardTime(int stage, bool split_backward) const;  // includes W when not split
+  double WeightTime(int stage) const;
+};
+
+// F = B = W = 1, transfers free of charge except offload, which takes k * 3 per entry one way
+// (the reference planner's k: transfer time of one chunk's activation over its F + B + W time).
+CostModel UnitCostModel(double offload_ratio_k);
+
+// Cost model JSON: an object with any subset of CostModel's field names (unknown keys and wrong
+// types are InvalidArgument naming the key); missing fields keep `defaults`' values.
+[[nodiscard]] absl::StatusOr<CostModel> ParseCostModelJson(std::string_view json,
+                                                           const CostModel& defaults);
+std::string CostModelToJson(const CostModel& cost);
+
+}  // namespace pipeoffload
+
+#endif  // PIPEOFFLOAD_COST_MODEL_H_

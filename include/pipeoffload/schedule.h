@@ -1,0 +1,160 @@
+// The schedule IR: the one contract between the schedule compiler and the runtime.
+//
+// A Schedule is a PipelineSpec, one StageProgram per pipeline rank, and (once simulated) the
+// predictions. A StageProgram is an ordered list of Ops that the runtime issues strictly in order.
+// This header holds plain value types only: no I/O, no CUDA, no MPI (DESIGN.md section 3).
+//
+// Notation (reference/pipeoffload.md section 0): p = num_stages, m = num_microbatches,
+// v = chunks_per_stage, g = group_size. Chunk c on stage d holds layer group (virtual stage)
+// c * p + d ("loop" placement).
+#ifndef PIPEOFFLOAD_SCHEDULE_H_
+#define PIPEOFFLOAD_SCHEDULE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pipeoffload {
+
+// What one instruction does. Each kind prints as its IR name (OpKindName), e.g. kForward -> "F".
+enum class OpKind : std::uint8_t {
+  kForward,         // "F": forward of (mb, chunk); its saved activations enter the stash.
+  kBackward,        // "B": backward for inputs of (mb, chunk); the full backward (input and
+                    //      weight gradients) when the spec does not split W. Frees the stash
+                    //      entry when not split.
+  kBackwardWeight,  // "W": weight-gradient backward of (mb, chunk); frees the stash entry.
+  kSendActivation,  // "SEND_F": output of F(mb, chunk) to the next virtual stage (on `peer`).
+  kRecvActivation,  // "RECV_F": input of F(mb, chunk) from the previous virtual stage.
+  kSendGrad,        // "SEND_B": input gradient of B(mb, chunk) to the previous virtual stage.
+  kRecvGrad,        // "RECV_B": output gradient for B(mb, chunk) from the next virtual stage.
+  kOffload,         // "OFFLOAD": start the D2H copy of (mb, chunk)'s stash entry.
+  kRelease,         // "RELEASE": once that copy is done, free the device copy.
+  kReload,          // "RELOAD": allocate device memory and start the H2D copy back.
+  kBarrier,         // "BARRIER": rendezvous with `peer` (the paired stage), to stagger transfers.
+};
+inline constexpr int kNumOpKinds = 11;
+
+// "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OFFLOAD", "RELEASE", "RELOAD", "BARRIER".
+std::string_view OpKindName(OpKind kind);
+// Inverse of OpKindName; nullopt for any other string (exact, case-sensitive match).
+std::optional<OpKind> OpKindFromName(std::string_view name);
+
+bool IsCompute(OpKind kind);   // F, B, W
+bool IsP2P(OpKind kind);       // SEND_F, RECV_F, SEND_B, RECV_B
+bool IsSend(OpKind kind);      // SEND_F, SEND_B
+bool IsOffload(OpKind kind);   // OFFLOAD, RELEASE, RELOAD
+bool HasPeer(OpKind kind);     // P2P kinds and BARRIER
+
+// One instruction. `mb` and `chunk` name the stash entry / microbatch the op concerns; `chunk` is
+// always the chunk *on the op's own stage* (a RECV_F on stage 0 for chunk 1 receives the output
+// of chunk 0 on stage p-1). `peer` is the other stage for P2P ops and BARRIER, -1 otherwise.
+// A BARRIER's (mb, chunk) name the transfer it guards, or (-1, -1) when it guards none.
+struct Op {
+  OpKind kind = OpKind::kForward;
+  int mb = 0;
+  int chunk = 0;
+  int peer = -1;
+
+  friend bool operator==(const Op&, const Op&) = default;
+};
+
+// "F3.1" style short name used in text forms and error messages: kind, mb, '.', chunk, and
+// "->peer" / "<-peer" for P2P ops.
+std::string OpToString(const Op& op);
+
+struct StageProgram {
+  int stage = 0;
+  std::vector<Op> ops;
+
+  friend bool operator==(const StageProgram&, const StageProgram&) = default;
+};
+
+// The compute-order family (DESIGN.md section 4, pass 1).
+enum class Family : std::uint8_t {
+  k1F1B,              // "1f1b"
+  kInterleaved,       // "interleaved": Megatron-style interleaved 1F1B, loop placement
+  kGroupInterleaved,  // "group-interleaved": building blocks of group size g (pipeoffload.md 1.3)
+};
+std::string_view FamilyName(Family family);
+std::optional<Family> FamilyFromName(std::string_view name);
+
+// Which activations leave the device (issue 3). kNone plans no transfers.
+enum class OffloadPolicy : std::uint8_t {
+  kNone,       // "none"
+  kHalf,       // "po-h": half of the activation volume, longest-lived first
+  kFull,       // "po-f": every entry whose lifespan is long enough to save memory
+  kSelective,  // "selective": offload_fraction of the volume, or offload_chunks chunks
+  kAuto,       // "auto": the fastest plan whose predicted peak fits memory_budget_bytes
+};
+std::string_view OffloadPolicyName(OffloadPolicy policy);
+std::optional<OffloadPolicy> OffloadPolicyFromName(std::string_view name);
+
+// What the user asks for. group_size == 0 means "the family's default" (p for interleaved,
+// ceil(p/2) for group-interleaved); it is resolved by the compiler and written back.
+struct PipelineSpec {
+  Family family = Family::k1F1B;
+  int num_stages = 1;        // p
+  int num_microbatches = 1;  // m
+  int chunks_per_stage = 1;  // v
+  int group_size = 0;        // g
+  bool split_backward = false;  // emit separate W ops (zero-bubble style)
+
+  OffloadPolicy offload = OffloadPolicy::kNone;
+  double offload_fraction = 0.0;  // selective: share of the activation volume, in [0, 1]
+  int offload_chunks = 0;         // selective: offload chunks [0, offload_chunks); 0 = use fraction
+  std::int64_t memory_budget_bytes = 0;  // auto: per-stage activation budget
+  bool strict = false;  // fail instead of planning less offload than requested
+
+  int num_virtual_stages() const { return num_stages * chunks_per_stage; }
+
+  friend bool operator==(const PipelineSpec&, const PipelineSpec&) = default;
+};
+
+// What the simulator predicts for one stage.
+struct StagePrediction {
+  std::int64_t peak_units = 0;   // peak stash entries resident on the device (chunk units)
+  std::int64_t peak_bytes = 0;   // the same peak in bytes
+  std::int64_t peak_units_without_offload = 0;  // the same order with no transfers planned
+  std::int64_t peak_bytes_without_offload = 0;
+  std::int64_t host_bytes = 0;        // pinned host memory the stage needs (peak)
+  std::int64_t offloaded_bytes = 0;   // bytes copied D2H per iteration (equal to H2D)
+  double busy_time = 0.0;             // compute time on this stage
+  double end_time = 0.0;              // completion time of the stage's last op
+
+  friend bool operator==(const StagePrediction&, const StagePrediction&) = default;
+};
+
+// Traffic through one stage's host link, or across one P2P link.
+struct LinkTraffic {
+  std::string name;  // "host:0" (host link of link group 0), "p2p:0->1"
+  std::int64_t bytes_d2h = 0;  // host links: device-to-host; P2P links: bytes sent
+  std::int64_t bytes_h2d = 0;  // host links: host-to-device; P2P links: 0
+
+  friend bool operator==(const LinkTraffic&, const LinkTraffic&) = default;
+};
+
+struct Predictions {
+  double step_time = 0.0;     // makespan of one iteration
+  double bubble_ratio = 0.0;  // 1 - (sum of busy compute time) / (p * step_time)
+  double step_time_without_offload = 0.0;  // the same order with no transfers planned
+  std::vector<StagePrediction> stages;
+  std::vector<LinkTraffic> links;
+  int collisions = 0;  // overlapping transfers in one direction of one link
+  std::vector<std::string> warnings;  // e.g. planned less offload than requested, with numbers
+
+  friend bool operator==(const Predictions&, const Predictions&) = default;
+};
+
+struct Schedule {
+  PipelineSpec spec;
+  std::vector<StageProgram> stages;  // stages[d].stage == d
+  std::optional<Predictions> predictions;
+
+  friend bool operator==(const Schedule&, const Schedule&) = default;
+};
+
+}  // namespace pipeoffload
+
+#endif  // PIPEOFFLOAD_SCHEDULE_H_

@@ -1,0 +1,66 @@
+// Executes a Schedule under a CostModel and predicts time, memory and traffic.
+//
+// Semantics (DESIGN.md section 4): each stage issues its ops in program order, an op never
+// starting before its predecessor on the same stage starts. Engines per stage: one compute
+// engine, a send and a recv engine for P2P, a D2H and an H2D copy engine (one shared engine when
+// CostModel::shared_copy_engine). P2P is a rendezvous: a SEND and its RECV start together, once
+// both are issued and both engines are free, and take p2p_latency + bytes / p2p_bandwidth.
+// F and B wait for the RECV that brings their input; B and W of an offloaded entry wait for its
+// RELOAD to finish; RELEASE waits for its OFFLOAD to finish (gating the ops after it); BARRIER
+// waits for its partner. Memory follows program order: +entry at F and RELOAD, -entry at RELEASE
+// and at B (unsplit) or W (split).
+#ifndef PIPEOFFLOAD_SIMULATE_H_
+#define PIPEOFFLOAD_SIMULATE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipeoffload/cost_model.h"
+#include "pipeoffload/schedule.h"
+
+namespace pipeoffload {
+
+// Where an op ran. P2P ops use kSend/kRecv; OFFLOAD uses kD2H, RELOAD kH2D; RELEASE and BARRIER
+// occupy no engine (kNone).
+enum class Engine : std::uint8_t { kCompute, kSend, kRecv, kD2H, kH2D, kNone };
+inline constexpr int kNumEngines = 5;  // engines that appear as trace tracks
+std::string_view EngineName(Engine engine);  // "compute", "send", "recv", "D2H", "H2D", "none"
+
+struct TimedOp {
+  int stage = 0;
+  int index = 0;  // position in the stage's program
+  Op op;
+  Engine engine = Engine::kNone;
+  double start = 0.0;
+  double end = 0.0;
+  std::int64_t bytes = 0;  // bytes moved (P2P, OFFLOAD, RELOAD), else 0
+};
+
+// Device activation memory on one stage after each change.
+struct MemorySample {
+  double time = 0.0;
+  std::int64_t bytes = 0;
+  std::int64_t units = 0;
+};
+
+struct Timeline {
+  std::vector<std::vector<TimedOp>> stages;             // [stage][program index]
+  std::vector<std::vector<MemorySample>> memory;         // [stage], in time order
+  Predictions predictions;
+};
+
+// Simulates `schedule` (which should already pass Validate). The predictions' *_without_offload
+// fields are filled by simulating the same programs with the offload ops removed.
+// Errors: FailedPrecondition with the step x stage grid when the programs hang.
+[[nodiscard]] absl::StatusOr<Timeline> Simulate(const Schedule& schedule,
+                                                const CostModel& cost);
+
+// Counts pairs of transfers that overlap in time in the same direction of the same link
+// (a stage group's host link, per CostModel::host_link_group_size; P2P counts against host
+// links only when p2p_shares_host_link).
+int CountCollisions(const Timeline& timeline, const CostModel& cost, int num_stages);
+
+}  // namespace pipeoffload
+
+#endif  // PIPEOFFLOAD_SIMULATE_H_

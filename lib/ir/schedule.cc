@@ -1,0 +1,106 @@
+// Names of the IR's enumerations and the short op strings used in text forms and errors.
+#include "pipeoffload/schedule.h"
+
+#include <array>
+#include <utility>
+
+namespace pipeoffload {
+namespace {
+
+constexpr std::array<std::string_view, kNumOpKinds> kOpKindNames = {
+    "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OFFLOAD", "RELEASE", "RELOAD",
+    "BARRIER"};
+
+constexpr std::array<std::pair<Family, std::string_view>, 3> kFamilyNames = {{
+    {Family::k1F1B, "1f1b"},
+    {Family::kInterleaved, "interleaved"},
+    {Family::kGroupInterleaved, "group-interleaved"},
+}};
+
+constexpr std::array<std::pair<OffloadPolicy, std::string_view>, 5> kPolicyNames = {{
+    {OffloadPolicy::kNone, "none"},
+    {OffloadPolicy::kHalf, "po-h"},
+    {OffloadPolicy::kFull, "po-f"},
+    {OffloadPolicy::kSelective, "selective"},
+    {OffloadPolicy::kAuto, "auto"},
+}};
+
+template <typename Enum, std::size_t N>
+std::string_view NameOf(const std::array<std::pair<Enum, std::string_view>, N>& table,
+                        Enum value) {
+  for (const auto& [candidate, name] : table) {
+    if (candidate == value) return name;
+  }
+  return "?";
+}
+
+template <typename Enum, std::size_t N>
+std::optional<Enum> ValueOf(const std::array<std::pair<Enum, std::string_view>, N>& table,
+                            std::string_view name) {
+  for (const auto& [candidate, candidate_name] : table) {
+    if (candidate_name == name) return candidate;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view OpKindName(OpKind kind) {
+  return kOpKindNames[static_cast<std::size_t>(kind)];
+}
+
+std::optional<OpKind> OpKindFromName(std::string_view name) {
+  for (std::size_t i = 0; i < kOpKindNames.size(); ++i) {
+    if (kOpKindNames[i] == name) return static_cast<OpKind>(i);
+  }
+  return std::nullopt;
+}
+
+bool IsCompute(OpKind kind) {
+  return kind == OpKind::kForward || kind == OpKind::kBackward ||
+         kind == OpKind::kBackwardWeight;
+}
+
+bool IsP2P(OpKind kind) {
+  return kind == OpKind::kSendActivation || kind == OpKind::kRecvActivation ||
+         kind == OpKind::kSendGrad || kind == OpKind::kRecvGrad;
+}
+
+bool IsSend(OpKind kind) {
+  return kind == OpKind::kSendActivation || kind == OpKind::kSendGrad;
+}
+
+bool IsOffload(OpKind kind) {
+  return kind == OpKind::kOffload || kind == OpKind::kRelease || kind == OpKind::kReload;
+}
+
+bool HasPeer(OpKind kind) { return IsP2P(kind) || kind == OpKind::kBarrier; }
+
+std::string OpToString(const Op& op) {
+  std::string out(OpKindName(op.kind));
+  if (op.kind == OpKind::kBarrier && op.mb < 0) {
+    out += "~" + std::to_string(op.peer);
+    return out;
+  }
+  out += std::to_string(op.mb) + "." + std::to_string(op.chunk);
+  if (IsSend(op.kind)) out += "->" + std::to_string(op.peer);
+  if (IsP2P(op.kind) && !IsSend(op.kind)) out += "<-" + std::to_string(op.peer);
+  if (op.kind == OpKind::kBarrier) out += "~" + std::to_string(op.peer);
+  return out;
+}
+
+std::string_view FamilyName(Family family) { return NameOf(kFamilyNames, family); }
+
+std::optional<Family> FamilyFromName(std::string_view name) {
+  return ValueOf(kFamilyNames, name);
+}
+
+std::string_view OffloadPolicyName(OffloadPolicy policy) {
+  return NameOf(kPolicyNames, policy);
+}
+
+std::optional<OffloadPolicy> OffloadPolicyFromName(std::string_view name) {
+  return ValueOf(kPolicyNames, name);
+}
+
+}  // namespace pipeoffload
