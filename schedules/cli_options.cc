@@ -1,1 +1,454 @@
-// placeholder: being written
+// po-schedule's options. Every option lives in one table with its help text, so --help and the
+// parser cannot drift apart.
+#include "schedules/cli_options.h"
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+
+namespace pipeoffload::cli {
+namespace {
+
+// Options are applied in two phases so that the order on the command line does not matter:
+// kBase picks the cost model's origin (GPT estimate, unit costs, a file), kOverride then edits
+// single fields on top of it.
+enum class Phase { kSpec, kBase, kOverride };
+
+struct Parsing {
+  CliOptions options;
+  GptShape gpt;
+  double offload_ratio = 0.25;
+  std::string cost_model_file;
+  std::string policy = "1f1b";
+  std::optional<Family> family;
+  std::vector<std::function<absl::Status(CostModel&)>> overrides;
+};
+
+using Handler = std::function<absl::Status(Parsing&, std::string_view value)>;
+
+struct OptionDef {
+  std::string_view name;        // without the leading "--"
+  std::string_view value_name;  // empty for switches
+  std::string_view help;
+  Handler handle;
+};
+
+absl::Status BadValue(std::string_view option, std::string_view expected,
+                      std::string_view value) {
+  return absl::InvalidArgumentError(absl::StrCat("--", std::string(option), ": expected ",
+                                                 std::string(expected), ", got \"",
+                                                 std::string(value), "\""));
+}
+
+absl::StatusOr<std::int64_t> ParseInt(std::string_view option, std::string_view value,
+                                      std::int64_t min) {
+  std::int64_t parsed = 0;
+  if (!absl::SimpleAtoi(std::string(value), &parsed) || parsed < min) {
+    return BadValue(option, absl::StrCat("an integer >= ", min), value);
+  }
+  return parsed;
+}
+
+absl::StatusOr<double> ParseDouble(std::string_view option, std::string_view value,
+                                   bool allow_zero) {
+  double parsed = 0;
+  if (!absl::SimpleAtod(std::string(value), &parsed) || !(parsed >= 0) ||
+      (!allow_zero && parsed == 0) || parsed > 1e300) {
+    return BadValue(option, allow_zero ? "a number >= 0" : "a number > 0", value);
+  }
+  return parsed;
+}
+
+// Sets an int field of the spec.
+Handler SpecInt(int PipelineSpec::*field, std::string_view option, int min) {
+  return [=](Parsing& p, std::string_view value) -> absl::Status {
+    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, min));
+    if (parsed > 1'000'000'000) return BadValue(option, "a value below 1e9", value);
+    p.options.spec.*field = static_cast<int>(parsed);
+    return absl::OkStatus();
+  };
+}
+
+// Overrides a double field of the cost model.
+Handler CostDouble(double CostModel::*field, std::string_view option, bool allow_zero) {
+  return [=](Parsing& p, std::string_view value) -> absl::Status {
+    PO_ASSIGN_OR_RETURN(const double parsed, ParseDouble(option, value, allow_zero));
+    p.overrides.push_back([=](CostModel& cost) {
+      cost.*field = parsed;
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  };
+}
+
+Handler CostBytes(std::int64_t CostModel::*field, std::string_view option) {
+  return [=](Parsing& p, std::string_view value) -> absl::Status {
+    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, 0));
+    p.overrides.push_back([=](CostModel& cost) {
+      cost.*field = parsed;
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  };
+}
+
+Handler CostSwitch(bool CostModel::*field) {
+  return [=](Parsing& p, std::string_view) -> absl::Status {
+    p.overrides.push_back([=](CostModel& cost) {
+      cost.*field = true;
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  };
+}
+
+const std::vector<OptionDef>& Options() {
+  static const auto* const kOptions = new std::vector<OptionDef>{
+      // --- the pipeline ---
+      {"stages", "P", "pipeline stages (ranks), p. Default 8.",
+       SpecInt(&PipelineSpec::num_stages, "stages", 1)},
+      {"microbatches", "M", "microbatches per iteration, m. Default 32.",
+       SpecInt(&PipelineSpec::num_microbatches, "microbatches", 1)},
+      {"chunks", "V",
+       "virtual chunks per stage, v (interleaved families; 1f1b needs 1). Default 1 for "
+       "1f1b, 2 for the others (compare uses 2 for every interleaved row).",
+       SpecInt(&PipelineSpec::chunks_per_stage, "chunks", 1)},
+      {"group-size", "G",
+       "group size g of group-interleaved, ceil(p/2) <= g <= p. Default ceil(p/2).",
+       SpecInt(&PipelineSpec::group_size, "group-size", 1)},
+      {"split-backward", "", "emit separate W (weight-gradient) ops, zero-bubble style.",
+       [](Parsing& p, std::string_view) {
+         p.options.spec.split_backward = true;
+         return absl::OkStatus();
+       }},
+      {"policy", "NAME",
+       "1f1b | interleaved | group-interleaved (no offload), or po-h | po-f | selective | auto "
+       "(offload on top of --family). Default 1f1b.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         p.policy = std::string(value);
+         if (!FamilyFromName(value) && !OffloadPolicyFromName(value)) {
+           return BadValue("policy",
+                           "one of 1f1b, interleaved, group-interleaved, po-h, po-f, selective, "
+                           "auto",
+                           value);
+         }
+         return absl::OkStatus();
+       }},
+      {"family", "NAME",
+       "compute order for offload policies: 1f1b | interleaved | group-interleaved. Default "
+       "group-interleaved when v > 1, else 1f1b.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         p.family = FamilyFromName(value);
+         if (!p.family) return BadValue("family", "1f1b, interleaved or group-interleaved", value);
+         return absl::OkStatus();
+       }},
+      {"offload-fraction", "X", "selective: share of the activation volume to offload, 0..1.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const double x, ParseDouble("offload-fraction", value, true));
+         if (x > 1) return BadValue("offload-fraction", "a number in [0, 1]", value);
+         p.options.spec.offload_fraction = x;
+         return absl::OkStatus();
+       }},
+      {"offload-chunks", "N", "selective: offload chunks 0..N-1 of every stage (longest-lived).",
+       SpecInt(&PipelineSpec::offload_chunks, "offload-chunks", 0)},
+      {"memory-budget", "BYTES",
+       "auto: per-stage activation memory budget in bytes (suffixes K, M, G, Ki, Mi, Gi).",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         std::string digits(value);
+         double scale = 1;
+         const std::pair<std::string_view, double> kSuffixes[] = {
+             {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0},
+             {"K", 1e3},     {"M", 1e6},        {"G", 1e9}};
+         for (const auto& [suffix, factor] : kSuffixes) {
+           if (digits.size() > suffix.size() &&
+               std::string_view(digits).substr(digits.size() - suffix.size()) == suffix) {
+             digits.resize(digits.size() - suffix.size());
+             scale = factor;
+             break;
+           }
+         }
+         PO_ASSIGN_OR_RETURN(const double base, ParseDouble("memory-budget", digits, false));
+         p.options.spec.memory_budget_bytes = static_cast<std::int64_t>(base * scale);
+         return absl::OkStatus();
+       }},
+      {"strict", "", "fail when bandwidth cannot carry the requested offload (default: plan "
+                     "as much as fits and warn).",
+       [](Parsing& p, std::string_view) {
+         p.options.spec.strict = true;
+         return absl::OkStatus();
+       }},
+      {"alternatives", "", "auto: print every candidate plan weighed.",
+       [](Parsing& p, std::string_view) {
+         p.options.show_alternatives = true;
+         return absl::OkStatus();
+       }},
+      // --- the cost model ---
+      {"unit-costs", "",
+       "F = B = W = 1 time unit, free P2P, one entry's transfer = 3k (see --offload-ratio); "
+       "for comparing with published unit-cost numbers. Default: a GPT estimate (--gpt-*).",
+       [](Parsing& p, std::string_view) {
+         p.options.unit_costs = true;
+         return absl::OkStatus();
+       }},
+      {"offload-ratio", "K",
+       "with --unit-costs: one-way transfer time of a chunk's activation over its F+B+W time "
+       "(the reference planner's k). Default 0.25.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(p.offload_ratio, ParseDouble("offload-ratio", value, true));
+         return absl::OkStatus();
+       }},
+      {"gpt-hidden", "H", "GPT estimate: hidden size h. Default 8192.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::int64_t h, ParseInt("gpt-hidden", value, 1));
+         p.gpt.hidden = static_cast<int>(h);
+         return absl::OkStatus();
+       }},
+      {"gpt-seq", "S", "GPT estimate: tokens per microbatch. Default 4096.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::int64_t s, ParseInt("gpt-seq", value, 1));
+         p.gpt.sequence = static_cast<int>(s);
+         return absl::OkStatus();
+       }},
+      {"gpt-layers-per-chunk", "N", "GPT estimate: layers in one chunk. Default 2.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::int64_t n, ParseInt("gpt-layers-per-chunk", value, 1));
+         p.gpt.layers_per_chunk = static_cast<int>(n);
+         return absl::OkStatus();
+       }},
+      {"gpt-tflops", "R", "GPT estimate: achieved TFLOP/s. Default 600.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const double r, ParseDouble("gpt-tflops", value, false));
+         p.gpt.flops_per_second = r * 1e12;
+         return absl::OkStatus();
+       }},
+      {"cost-model", "FILE",
+       "JSON cost model (keys: the CostModel fields, e.g. forward_time, activation_bytes, "
+       "d2h_bandwidth); overrides the estimate, field flags override it.",
+       [](Parsing& p, std::string_view value) {
+         p.cost_model_file = std::string(value);
+         return absl::OkStatus();
+       }},
+      {"forward-time", "T", "time of one chunk's F.",
+       CostDouble(&CostModel::forward_time, "forward-time", true)},
+      {"backward-time", "T", "time of one chunk's B (input gradient).",
+       CostDouble(&CostModel::backward_time, "backward-time", true)},
+      {"weight-time", "T", "time of one chunk's W (weight gradient).",
+       CostDouble(&CostModel::weight_time, "weight-time", true)},
+      {"activation-bytes", "BYTES", "saved activation bytes of one (microbatch, chunk).",
+       CostBytes(&CostModel::activation_bytes, "activation-bytes")},
+      {"boundary-bytes", "BYTES", "bytes of one P2P message.",
+       CostBytes(&CostModel::boundary_bytes, "boundary-bytes")},
+      {"d2h-bandwidth", "B/T", "device-to-host bytes per time unit, alone.",
+       CostDouble(&CostModel::d2h_bandwidth, "d2h-bandwidth", false)},
+      {"h2d-bandwidth", "B/T", "host-to-device bytes per time unit, alone.",
+       CostDouble(&CostModel::h2d_bandwidth, "h2d-bandwidth", false)},
+      {"duplex-bandwidth", "B/T", "bytes per time unit in each direction while both run.",
+       CostDouble(&CostModel::duplex_bandwidth, "duplex-bandwidth", false)},
+      {"p2p-bandwidth", "B/T", "P2P bytes per time unit.",
+       CostDouble(&CostModel::p2p_bandwidth, "p2p-bandwidth", false)},
+      {"p2p-latency", "T", "P2P latency per message.",
+       CostDouble(&CostModel::p2p_latency, "p2p-latency", true)},
+      {"shared-copy-engine", "", "D2H and H2D share one copy engine (transfers serialise).",
+       CostSwitch(&CostModel::shared_copy_engine)},
+      {"p2p-shares-host-link", "",
+       "P2P crosses the PCIe host link used by offload (inter-node or no NVLink).",
+       CostSwitch(&CostModel::p2p_shares_host_link)},
+      {"host-link-group-size", "N",
+       "stages [kN, (k+1)N) share one host link and stagger their transfers. Default 2.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::int64_t n, ParseInt("host-link-group-size", value, 1));
+         p.overrides.push_back([=](CostModel& cost) {
+           cost.host_link_group_size = static_cast<int>(n);
+           return absl::OkStatus();
+         });
+         return absl::OkStatus();
+       }},
+      // --- output ---
+      {"format", "FMT",
+       "table | text | json | pytorch-csv | pytorch-csv-comms | trace (Perfetto / "
+       "chrome://tracing JSON of the simulated timeline). Default table.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         static constexpr std::string_view kFormats[] = {
+             "table", "text", "json", "pytorch-csv", "pytorch-csv-comms", "trace"};
+         for (std::string_view format : kFormats) {
+           if (format == value) {
+             p.options.format = std::string(value);
+             return absl::OkStatus();
+           }
+         }
+         return BadValue("format", "table, text, json, pytorch-csv, pytorch-csv-comms or trace",
+                         value);
+       }},
+      {"out", "FILE", "write the output to FILE instead of stdout.",
+       [](Parsing& p, std::string_view value) {
+         p.options.out = std::string(value);
+         return absl::OkStatus();
+       }},
+      {"help", "", "print this help.",
+       [](Parsing& p, std::string_view) {
+         p.options.help = true;
+         return absl::OkStatus();
+       }},
+  };
+  return *kOptions;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<CostModel> BuildCostModel(const Parsing& p) {
+  CostModel cost = p.options.unit_costs ? UnitCostModel(p.offload_ratio)
+                                        : EstimateGptCostModel(p.gpt);
+  if (!p.cost_model_file.empty()) {
+    PO_ASSIGN_OR_RETURN(const std::string text, ReadFile(p.cost_model_file));
+    absl::StatusOr<CostModel> parsed = ParseCostModelJson(text, cost);
+    if (!parsed.ok()) return Annotate(parsed.status(), p.cost_model_file);
+    cost = *std::move(parsed);
+  }
+  for (const auto& apply : p.overrides) PO_RETURN_IF_ERROR(apply(cost));
+  return cost;
+}
+
+}  // namespace
+
+absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
+  Parsing p;
+  p.options.spec.num_stages = 8;
+  p.options.spec.num_microbatches = 32;
+  bool chunks_given = false;
+  int first = 1;
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string_view command = argv[1];
+    if (command == "compile") {
+      p.options.command = Command::kCompile;
+    } else if (command == "compare") {
+      p.options.command = Command::kCompare;
+    } else if (command == "import") {
+      p.options.command = Command::kImport;
+    } else if (command == "validate") {
+      p.options.command = Command::kValidate;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown command \"", std::string(command),
+          "\"; expected compile, compare, import or validate (see --help)"));
+    }
+    first = 2;
+  }
+  for (int i = first; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg.substr(0, 2) != "--") {
+      if (p.options.input.empty() && (p.options.command == Command::kImport ||
+                                      p.options.command == Command::kValidate)) {
+        p.options.input = std::string(arg);
+        continue;
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument \"", std::string(arg), "\" (see --help)"));
+    }
+    arg.remove_prefix(2);
+    std::string_view value;
+    bool has_inline_value = false;
+    if (const std::size_t eq = arg.find('='); eq != std::string_view::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_inline_value = true;
+    }
+    const OptionDef* def = nullptr;
+    for (const OptionDef& candidate : Options()) {
+      if (candidate.name == arg) def = &candidate;
+    }
+    if (def == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown option --", std::string(arg), " (see --help)"));
+    }
+    if (!def->value_name.empty() && !has_inline_value) {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", std::string(arg), " needs a value (", std::string(def->value_name), ")"));
+      }
+      value = argv[++i];
+    } else if (def->value_name.empty() && has_inline_value) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", std::string(arg), " takes no value"));
+    }
+    if (arg == "chunks") chunks_given = true;
+    PO_RETURN_IF_ERROR(def->handle(p, value));
+  }
+
+  PipelineSpec& spec = p.options.spec;
+  if (std::optional<Family> family = FamilyFromName(p.policy)) {
+    if (p.family && *p.family != *family) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--policy ", p.policy, " is itself a family; --family ",
+          std::string(FamilyName(*p.family)), " contradicts it"));
+    }
+    spec.family = *family;
+    spec.offload = OffloadPolicy::kNone;
+  } else {
+    spec.offload = *OffloadPolicyFromName(p.policy);
+    if (p.family) {
+      spec.family = *p.family;
+    } else {
+      spec.family = (chunks_given && spec.chunks_per_stage > 1) ? Family::kGroupInterleaved
+                                                                : Family::k1F1B;
+    }
+  }
+  if (!chunks_given && spec.family != Family::k1F1B) spec.chunks_per_stage = 2;
+  if (spec.offload == OffloadPolicy::kSelective && spec.offload_chunks == 0 &&
+      spec.offload_fraction == 0) {
+    return absl::InvalidArgumentError(
+        "--policy selective needs --offload-fraction X (0..1) or --offload-chunks N");
+  }
+  if (spec.offload == OffloadPolicy::kAuto && spec.memory_budget_bytes <= 0 &&
+      p.options.command != Command::kCompare) {
+    return absl::InvalidArgumentError("--policy auto needs --memory-budget BYTES");
+  }
+  if ((p.options.command == Command::kImport || p.options.command == Command::kValidate) &&
+      p.options.input.empty() && !p.options.help) {
+    return absl::InvalidArgumentError("import and validate need an input file argument");
+  }
+  PO_ASSIGN_OR_RETURN(p.options.cost, BuildCostModel(p));
+  return std::move(p.options);
+}
+
+std::string UsageText() {
+  std::string text =
+      "po-schedule: compile pipeline schedules with activation offload, and compare them.\n"
+      "\n"
+      "usage:\n"
+      "  po-schedule [compile] [options]        one schedule, printed in --format\n"
+      "  po-schedule compare [options]          every policy side by side (time, bubble,\n"
+      "                                         peak memory per stage, host memory)\n"
+      "  po-schedule import FILE.csv [options]  read a torch.distributed.pipelining CSV\n"
+      "                                         (--stages = its rows), validate, simulate\n"
+      "  po-schedule validate FILE.json         check a schedule file, print its predictions\n"
+      "\noptions:\n";
+  for (const OptionDef& def : Options()) {
+    std::string flag = absl::StrCat("  --", std::string(def.name));
+    if (!def.value_name.empty()) absl::StrAppend(&flag, " ", std::string(def.value_name));
+    if (flag.size() < 30) flag.resize(30, ' ');
+    absl::StrAppend(&text, flag, " ", std::string(def.help), "\n");
+  }
+  absl::StrAppend(
+      &text,
+      "\nexamples:\n"
+      "  po-schedule --stages 8 --microbatches 32 --policy 1f1b --format text\n"
+      "  po-schedule --policy po-f --family group-interleaved --chunks 2 --format trace "
+      "--out po-f.json\n"
+      "  po-schedule compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 0.25\n"
+      "  po-schedule --policy auto --memory-budget 40Gi --alternatives\n");
+  return text;
+}
+
+}  // namespace pipeoffload::cli

@@ -1,1 +1,157 @@
-int main() { return 0; }
+// po-schedule: the command-line face of the schedule compiler (see UsageText for the options).
+// Exit codes: 0 success, 2 bad input (options, files, specs), 1 anything else.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/compiler.h"
+#include "pipeoffload/schedule_io.h"
+#include "pipeoffload/simulate.h"
+#include "pipeoffload/trace.h"
+#include "pipeoffload/validate.h"
+#include "schedules/cli_options.h"
+#include "schedules/offload_planner.h"
+#include "schedules/report.h"
+
+namespace pipeoffload::cli {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status WriteOutput(const CliOptions& options, const std::string& text) {
+  if (options.out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return absl::OkStatus();
+  }
+  std::ofstream out(options.out, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write \"", options.out, "\""));
+  std::fprintf(stderr, "po-schedule: wrote %s\n", options.out.c_str());
+  return absl::OkStatus();
+}
+
+// Renders a schedule that carries predictions in the requested format.
+absl::StatusOr<std::string> Render(const CliOptions& options, const Schedule& schedule) {
+  const std::string& format = options.format;
+  if (format == "table") return FormatScheduleTable(schedule, {options.unit_costs});
+  if (format == "text") return ScheduleToText(schedule);
+  if (format == "json") return ScheduleToJson(schedule);
+  if (format == "pytorch-csv") return ScheduleToPyTorchCsv(schedule, CsvFlavor::kComputeOnly);
+  if (format == "pytorch-csv-comms") {
+    return ScheduleToPyTorchCsv(schedule, CsvFlavor::kComputeComms);
+  }
+  PO_ASSIGN_OR_RETURN(const Timeline timeline, Simulate(schedule, options.cost));
+  return TimelineToTraceJson(schedule, timeline, options.unit_costs ? 1000.0 : 1e6);
+}
+
+// Validates and simulates a schedule that came from a file, keeping its spec.
+absl::StatusOr<Schedule> CheckAndPredict(Schedule schedule, const CostModel& cost) {
+  PO_RETURN_IF_ERROR(Validate(schedule));
+  PO_ASSIGN_OR_RETURN(Timeline timeline, Simulate(schedule, cost));
+  schedule.predictions = std::move(timeline.predictions);
+  return schedule;
+}
+
+absl::Status RunCompile(const CliOptions& options) {
+  std::vector<std::string> alternatives;
+  absl::StatusOr<Schedule> schedule =
+      options.spec.offload == OffloadPolicy::kAuto
+          ? internal::PlanAuto(options.spec, options.cost,
+                               options.show_alternatives ? &alternatives : nullptr)
+          : Compile(options.spec, options.cost);
+  for (const std::string& line : alternatives) std::fprintf(stderr, "auto: %s\n", line.c_str());
+  PO_RETURN_IF_ERROR(schedule.status());
+  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, *schedule));
+  return WriteOutput(options, text);
+}
+
+absl::Status RunCompare(const CliOptions& options) {
+  PipelineSpec baseline = options.spec;
+  baseline.family = Family::k1F1B;
+  baseline.offload = OffloadPolicy::kNone;
+  baseline.chunks_per_stage = 1;
+  std::int64_t auto_budget = 0;
+  if (absl::StatusOr<Schedule> base = Compile(baseline, options.cost); base.ok()) {
+    for (const StagePrediction& s : base->predictions->stages) {
+      auto_budget = std::max(auto_budget, s.peak_bytes / 2);
+    }
+  }
+  std::vector<ComparisonRow> rows = ComparisonRows(options.spec, auto_budget);
+  for (ComparisonRow& row : rows) {
+    std::fprintf(stderr, "po-schedule: compiling %s\n", row.label.c_str());
+    row.result = Compile(row.spec, options.cost);
+  }
+  return WriteOutput(options, FormatComparison(rows, {options.unit_costs}));
+}
+
+absl::Status RunImport(const CliOptions& options) {
+  PO_ASSIGN_OR_RETURN(const std::string csv, ReadFile(options.input));
+  absl::StatusOr<Schedule> parsed =
+      ParsePyTorchCsv(csv, options.spec.num_stages, options.spec.family);
+  if (!parsed.ok()) return Annotate(parsed.status(), options.input);
+  Schedule schedule = *std::move(parsed);
+  bool has_comm = false;
+  for (const StageProgram& program : schedule.stages) {
+    for (const Op& op : program.ops) has_comm = has_comm || IsP2P(op.kind);
+  }
+  if (!has_comm && schedule.spec.num_stages > 1) {
+    PO_ASSIGN_OR_RETURN(schedule, LowerCommunication(schedule));
+  }
+  PO_ASSIGN_OR_RETURN(schedule, CheckAndPredict(std::move(schedule), options.cost));
+  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, schedule));
+  return WriteOutput(options, text);
+}
+
+absl::Status RunValidate(const CliOptions& options) {
+  PO_ASSIGN_OR_RETURN(const std::string json, ReadFile(options.input));
+  absl::StatusOr<Schedule> parsed = ParseScheduleJson(json);
+  if (!parsed.ok()) return Annotate(parsed.status(), options.input);
+  PO_ASSIGN_OR_RETURN(const Schedule schedule,
+                      CheckAndPredict(*std::move(parsed), options.cost));
+  std::fprintf(stderr, "po-schedule: %s is a valid schedule\n", options.input.c_str());
+  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, schedule));
+  return WriteOutput(options, text);
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<CliOptions> options = ParseCommandLine(argc, argv);
+  if (!options.ok()) {
+    std::fprintf(stderr, "po-schedule: error: %s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  if (options->help) {
+    std::fputs(UsageText().c_str(), stdout);
+    return 0;
+  }
+  absl::Status status;
+  switch (options->command) {
+    case Command::kCompile: status = RunCompile(*options); break;
+    case Command::kCompare: status = RunCompare(*options); break;
+    case Command::kImport: status = RunImport(*options); break;
+    case Command::kValidate: status = RunValidate(*options); break;
+  }
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "po-schedule: error: %s\n", std::string(status.message()).c_str());
+  const bool user_error = status.code() == absl::StatusCode::kInvalidArgument ||
+                          status.code() == absl::StatusCode::kFailedPrecondition ||
+                          status.code() == absl::StatusCode::kNotFound ||
+                          status.code() == absl::StatusCode::kResourceExhausted;
+  return user_error ? 2 : 1;
+}
+
+}  // namespace
+}  // namespace pipeoffload::cli
+
+int main(int argc, char** argv) { return pipeoffload::cli::Main(argc, argv); }

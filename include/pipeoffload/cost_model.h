@@ -68,6 +68,24 @@ struct CostModel {
 // (the reference planner's k: transfer time of one chunk's activation over its F + B + W time).
 CostModel UnitCostModel(double offload_ratio_k);
 
+// The shape of a GPT layer stack, for estimating a cost model when no measured one exists.
+struct GptShape {
+  int hidden = 8192;           // h
+  int sequence = 4096;         // s, tokens per microbatch (microbatch size 1)
+  int layers_per_chunk = 2;    // layers in one (stage, chunk)
+  double flops_per_second = 600e12;  // achieved bf16 rate (about 75% of the H200's 790 TFLOP/s)
+  double pcie_bandwidth = 55.2e9;    // one direction alone (reference/hardware.md)
+  double pcie_duplex_bandwidth = 44.6e9;  // each direction while both run
+  double p2p_bandwidth = 300e9;      // NVLink between neighbouring GPUs
+  double p2p_latency = 10e-6;
+};
+
+// Seconds and bytes for one chunk of `shape`: F = 24h^2 s + 4 s^2 h FLOP per layer (B and W the
+// same each, so F+B+W = 72 h^2 s + 12 s^2 h as in reference/hardware.md section 4), 34 h s bytes
+// of saved activations per layer (bf16, no recompute; DESIGN.md section 6), 2 h s bytes per P2P
+// message.
+CostModel EstimateGptCostModel(const GptShape& shape);
+
 // Cost model JSON: an object with any subset of CostModel's field names (unknown keys and wrong
 // types are InvalidArgument naming the key); missing fields keep `defaults`' values.
 [[nodiscard]] absl::StatusOr<CostModel> ParseCostModelJson(std::string_view json,

@@ -1,1 +1,83 @@
-message(STATUS "cli test placeholder")
+# Runs po-schedule as a user would and checks exit codes and outputs.
+# Invoked by CTest: cmake -DPO_SCHEDULE=<binary> -DSOURCE_DIR=<repo> -P po_schedule_cli_test.cmake
+cmake_minimum_required(VERSION 3.25)
+set(work "${CMAKE_CURRENT_BINARY_DIR}/po_schedule_cli_work")
+file(REMOVE_RECURSE "${work}")
+file(MAKE_DIRECTORY "${work}")
+
+# run(<expected exit code> <output var> args...): runs po-schedule, fails on another exit code.
+function(run expected out_var)
+  execute_process(COMMAND "${PO_SCHEDULE}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err TIMEOUT 120)
+  if(NOT rc EQUAL expected)
+    message(FATAL_ERROR "po-schedule ${ARGN}: exit ${rc}, expected ${expected}\n${out}\n${err}")
+  endif()
+  set(${out_var} "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+function(expect_contains text needle what)
+  string(FIND "${text}" "${needle}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${what}: expected to find \"${needle}\" in:\n${text}")
+  endif()
+endfunction()
+
+# Help lists every option.
+run(0 help --help)
+foreach(option stages microbatches chunks group-size split-backward policy family offload-fraction
+        offload-chunks memory-budget strict unit-costs offload-ratio cost-model format out)
+  expect_contains("${help}" "--${option}" "--help")
+endforeach()
+
+# Bad input: clear errors, exit code 2, never a crash.
+run(2 err --stages 0)
+expect_contains("${err}" "--stages: expected an integer >= 1" "--stages 0")
+run(2 err --stages x)
+run(2 err --policy nope)
+expect_contains("${err}" "--policy" "--policy nope")
+run(2 err --bogus)
+expect_contains("${err}" "unknown option --bogus" "--bogus")
+run(2 err --policy interleaved --stages 4 --microbatches 6 --chunks 2)
+expect_contains("${err}" "num_microbatches" "interleaved m % p")
+run(2 err --policy 1f1b --chunks 2)
+run(2 err --policy group-interleaved --stages 8 --group-size 2)
+run(2 err --cost-model "${work}/missing.json")
+run(2 err validate "${work}/missing.json")
+file(WRITE "${work}/broken.json" "{\"format\": \"pipeoffload.schedule/1\", \"stages\": [")
+run(2 err validate "${work}/broken.json")
+
+# One schedule in every format.
+run(0 table --stages 4 --microbatches 8 --unit-costs)
+expect_contains("${table}" "1f1b p=4 m=8" "table header")
+run(0 text --stages 4 --microbatches 8 --format text)
+expect_contains("${text}" "F0.0" "text form")
+run(0 csv --stages 4 --microbatches 8 --format pytorch-csv)
+expect_contains("${csv}" "0F0" "pytorch csv")
+expect_contains("${csv}" "3B7" "pytorch csv")
+
+# JSON written to a file validates and reproduces the same predictions.
+run(0 ignored --stages 4 --microbatches 8 --policy po-f --unit-costs --format json
+    --out "${work}/po-f.json")
+run(0 checked validate "${work}/po-f.json" --unit-costs)
+expect_contains("${checked}" "valid schedule" "validate")
+
+# PyTorch CSV round trip through import.
+run(0 ignored --stages 4 --microbatches 8 --format pytorch-csv --out "${work}/1f1b.csv")
+run(0 imported import "${work}/1f1b.csv" --stages 4 --unit-costs)
+expect_contains("${imported}" "p=4 m=8" "import")
+
+# A trace opens as JSON with trace events.
+run(0 ignored --stages 4 --microbatches 8 --chunks 2 --policy po-f --unit-costs --format trace
+    --out "${work}/trace.json")
+file(READ "${work}/trace.json" trace)
+string(JSON events LENGTH "${trace}" traceEvents)
+if(events LESS 10)
+  message(FATAL_ERROR "trace has only ${events} events")
+endif()
+
+# compare shows every policy.
+run(0 compare compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 0.25)
+foreach(policy "1f1b" "interleaved" "group-interleaved" "po-h" "po-f" "selective" "auto")
+  expect_contains("${compare}" "${policy}" "compare")
+endforeach()
+message(STATUS "po-schedule CLI: all checks passed")

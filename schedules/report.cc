@@ -1,0 +1,193 @@
+// Formatting of po-schedule's tables. Column widths adapt to the content; numbers use the same
+// units throughout a table (see ReportUnits).
+#include "schedules/report.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace pipeoffload::cli {
+namespace {
+
+using Row = std::vector<std::string>;
+
+// Left-aligns the first column, right-aligns the rest, separates columns by two spaces and
+// rules the header.
+std::string RenderTable(const Row& header, const std::vector<Row>& rows) {
+  std::vector<std::size_t> widths(header.size(), 0);
+  auto widen = [&](const Row& row) {
+    for (std::size_t i = 0; i < row.size() && i < widths.size(); ++i) {
+      widths[i] = std::max(widths[i], row[i].size());
+    }
+  };
+  widen(header);
+  for (const Row& row : rows) widen(row);
+  auto render = [&](const Row& row) {
+    std::string line;
+    for (std::size_t i = 0; i < widths.size(); ++i) {
+      const std::string cell = i < row.size() ? row[i] : "";
+      const std::string pad(widths[i] - cell.size(), ' ');
+      absl::StrAppend(&line, i == 0 ? "" : "  ", i == 0 ? cell + pad : pad + cell);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    return line + "\n";
+  };
+  std::string out = render(header);
+  std::size_t total = 0;
+  for (std::size_t w : widths) total += w + 2;
+  absl::StrAppend(&out, std::string(total > 2 ? total - 2 : 0, '-'), "\n");
+  for (const Row& row : rows) absl::StrAppend(&out, render(row));
+  return out;
+}
+
+std::string Time(double t, ReportUnits units) {
+  return units.unit_costs ? absl::StrFormat("%.2f", t) : absl::StrFormat("%.1f ms", t * 1e3);
+}
+
+std::string Bytes(std::int64_t bytes) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+}
+
+// Peak memory in the table's unit: chunk units for unit costs, GiB otherwise.
+std::string Peak(std::int64_t units_value, std::int64_t bytes, ReportUnits units) {
+  return units.unit_costs ? absl::StrCat(units_value) : Bytes(bytes);
+}
+
+std::string Percent(double ratio) { return absl::StrFormat("%.1f%%", ratio * 100); }
+
+std::string SpecLine(const PipelineSpec& spec) {
+  std::string line = absl::StrFormat("%s p=%d m=%d v=%d", std::string(FamilyName(spec.family)),
+                                     spec.num_stages, spec.num_microbatches,
+                                     spec.chunks_per_stage);
+  if (spec.family == Family::kGroupInterleaved) absl::StrAppend(&line, " g=", spec.group_size);
+  if (spec.split_backward) absl::StrAppend(&line, " split-backward");
+  if (spec.offload != OffloadPolicy::kNone) {
+    absl::StrAppend(&line, " offload=", std::string(OffloadPolicyName(spec.offload)));
+  }
+  return line;
+}
+
+}  // namespace
+
+std::string FormatScheduleTable(const Schedule& schedule, ReportUnits units) {
+  const Predictions& pred = *schedule.predictions;
+  std::string out = absl::StrCat(SpecLine(schedule.spec), "\n");
+  absl::StrAppend(&out, "step ", Time(pred.step_time, units), " (without offload ",
+                  Time(pred.step_time_without_offload, units), "), bubble ",
+                  Percent(pred.bubble_ratio), ", collisions ", pred.collisions, "\n\n");
+  std::vector<Row> rows;
+  for (std::size_t d = 0; d < pred.stages.size(); ++d) {
+    const StagePrediction& s = pred.stages[d];
+    const std::size_t ops = d < schedule.stages.size() ? schedule.stages[d].ops.size() : 0;
+    rows.push_back({absl::StrCat(d), absl::StrCat(ops), Time(s.busy_time, units),
+                    Peak(s.peak_units, s.peak_bytes, units),
+                    Peak(s.peak_units_without_offload, s.peak_bytes_without_offload, units),
+                    Bytes(s.host_bytes), Bytes(s.offloaded_bytes)});
+  }
+  absl::StrAppend(&out, RenderTable({"stage", "ops", "busy", "peak", "peak w/o offload",
+                                     "host", "offloaded"},
+                                    rows));
+  for (const std::string& warning : pred.warnings) absl::StrAppend(&out, "warning: ", warning, "\n");
+  return out;
+}
+
+std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
+                                          std::int64_t auto_budget_bytes) {
+  const int v = std::max(2, base.chunks_per_stage);
+  auto make = [&](std::string label, Family family, OffloadPolicy offload) {
+    PipelineSpec spec = base;
+    spec.family = family;
+    spec.offload = offload;
+    spec.chunks_per_stage = family == Family::k1F1B ? 1 : v;
+    spec.group_size = family == Family::kGroupInterleaved ? base.group_size : 0;
+    return ComparisonRow{std::move(label), spec, absl::UnknownError("not compiled")};
+  };
+  std::vector<ComparisonRow> rows;
+  rows.push_back(make("1f1b", Family::k1F1B, OffloadPolicy::kNone));
+  rows.push_back(make("interleaved", Family::kInterleaved, OffloadPolicy::kNone));
+  rows.push_back(make("group-interleaved", Family::kGroupInterleaved, OffloadPolicy::kNone));
+  rows.push_back(make("po-h (group-interleaved)", Family::kGroupInterleaved, OffloadPolicy::kHalf));
+  rows.push_back(make("po-f (group-interleaved)", Family::kGroupInterleaved, OffloadPolicy::kFull));
+  rows.push_back(make("po-f (1f1b)", Family::k1F1B, OffloadPolicy::kFull));
+  ComparisonRow selective =
+      make("", Family::kGroupInterleaved, OffloadPolicy::kSelective);
+  if (selective.spec.offload_chunks == 0 && selective.spec.offload_fraction == 0) {
+    selective.spec.offload_fraction = 0.25;
+  }
+  selective.label = selective.spec.offload_chunks > 0
+                        ? absl::StrCat("selective ", selective.spec.offload_chunks, " chunk(s)")
+                        : absl::StrFormat("selective %.0f%%", selective.spec.offload_fraction * 100);
+  rows.push_back(std::move(selective));
+  ComparisonRow automatic = make("", base.family, OffloadPolicy::kAuto);
+  automatic.spec.chunks_per_stage = base.chunks_per_stage;
+  if (automatic.spec.memory_budget_bytes <= 0) automatic.spec.memory_budget_bytes = auto_budget_bytes;
+  automatic.label = absl::StrCat("auto (budget ", Bytes(automatic.spec.memory_budget_bytes), ")");
+  rows.push_back(std::move(automatic));
+  return rows;
+}
+
+std::string FormatComparison(const std::vector<ComparisonRow>& rows, ReportUnits units) {
+  double baseline = 0;
+  for (const ComparisonRow& row : rows) {
+    if (row.spec.family == Family::k1F1B && row.spec.offload == OffloadPolicy::kNone &&
+        row.result.ok()) {
+      baseline = row.result->predictions->step_time;
+    }
+  }
+  std::string out;
+  if (!rows.empty()) {
+    const PipelineSpec& s = rows.front().spec;
+    absl::StrAppend(&out, "pipeline: p=", s.num_stages, " m=", s.num_microbatches,
+                    s.split_backward ? " split-backward" : "", "\n\n");
+  }
+  std::vector<Row> table;
+  std::vector<Row> per_stage;
+  std::string notes;
+  std::size_t num_stages = 0;
+  for (const ComparisonRow& row : rows) {
+    if (!row.result.ok()) {
+      table.push_back({row.label, "-", "-", "-", "-", "-", "-", "-", "-", "-", "error"});
+      absl::StrAppend(&notes, row.label, ": ", std::string(row.result.status().message()), "\n");
+      continue;
+    }
+    const Schedule& schedule = *row.result;
+    const Predictions& pred = *schedule.predictions;
+    std::int64_t max_units = 0, max_bytes = 0, max_host = 0, offloaded = 0;
+    Row stage_row = {row.label};
+    for (const StagePrediction& s : pred.stages) {
+      max_units = std::max(max_units, s.peak_units);
+      max_bytes = std::max(max_bytes, s.peak_bytes);
+      max_host = std::max(max_host, s.host_bytes);
+      offloaded += s.offloaded_bytes;
+      stage_row.push_back(Peak(s.peak_units, s.peak_bytes, units));
+    }
+    num_stages = std::max(num_stages, pred.stages.size());
+    per_stage.push_back(std::move(stage_row));
+    const StagePrediction& first = pred.stages.front();
+    table.push_back(
+        {row.label, absl::StrCat(schedule.spec.chunks_per_stage),
+         schedule.spec.family == Family::kGroupInterleaved ? absl::StrCat(schedule.spec.group_size)
+                                                           : "-",
+         Time(pred.step_time, units),
+         baseline > 0 ? absl::StrFormat("%+.1f%%", (pred.step_time / baseline - 1) * 100) : "-",
+         Percent(pred.bubble_ratio), Peak(first.peak_units, first.peak_bytes, units),
+         Peak(max_units, max_bytes, units), Bytes(max_host), Bytes(offloaded),
+         absl::StrCat(pred.collisions)});
+    for (const std::string& warning : pred.warnings) {
+      absl::StrAppend(&notes, row.label, ": warning: ", warning, "\n");
+    }
+  }
+  absl::StrAppend(&out, RenderTable({"policy", "v", "g", "step", "vs 1f1b", "bubble",
+                                     "peak stage 0", "max peak", "host/stage",
+                                     "offloaded/iter", "collisions"},
+                                    table));
+  Row header = {"peak per stage"};
+  for (std::size_t d = 0; d < num_stages; ++d) header.push_back(absl::StrCat("s", d));
+  absl::StrAppend(&out, "\n", RenderTable(header, per_stage));
+  if (!notes.empty()) absl::StrAppend(&out, "\n", notes);
+  return out;
+}
+
+}  // namespace pipeoffload::cli
