@@ -1,1 +1,174 @@
-// placeholder: being written
+// ResolveSpec and BuildComputeOrder: the compiler's front door. Checks a PipelineSpec for its
+// family (every bad spec is an InvalidArgument saying what is wrong and what is accepted), fills
+// in the defaults, and dispatches to the family builders. Never aborts on user input.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/compiler.h"
+#include "schedules/families.h"
+
+namespace pipeoffload {
+namespace {
+
+absl::Status CheckRange(const char* name, std::int64_t value, std::int64_t low,
+                        std::int64_t high) {
+  if (value < low || value > high) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be in [", low, ", ", high, "] (got ", value, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+int MinGroupSize(int num_stages) { return (num_stages + 1) / 2; }
+
+absl::Status CheckSpecShape(const PipelineSpec& spec) {
+  PO_RETURN_IF_ERROR(CheckRange("num_stages", spec.num_stages, 1, kMaxStages));
+  PO_RETURN_IF_ERROR(CheckRange("num_microbatches", spec.num_microbatches, 1, kMaxMicrobatches));
+  PO_RETURN_IF_ERROR(CheckRange("chunks_per_stage", spec.chunks_per_stage, 1, kMaxChunksPerStage));
+  const std::int64_t entries = std::int64_t{spec.num_stages} * spec.chunks_per_stage *
+                               spec.num_microbatches;
+  if (entries > kMaxEntries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_stages * chunks_per_stage * num_microbatches must be at most ", kMaxEntries,
+        " (got ", spec.num_stages, " * ", spec.chunks_per_stage, " * ", spec.num_microbatches,
+        " = ", entries, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+namespace {
+
+// The offload fields belong to the planner, but their ranges are part of the spec's meaning
+// (schedule.h), so a bad value is caught here before any pass runs.
+absl::Status CheckOffloadFields(const PipelineSpec& spec) {
+  if (OffloadPolicyName(spec.offload) == "?") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown offload policy ", static_cast<int>(spec.offload),
+                     "; accepted: none, po-h, po-f, selective, auto"));
+  }
+  if (!std::isfinite(spec.offload_fraction) || spec.offload_fraction < 0.0 ||
+      spec.offload_fraction > 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offload_fraction must be in [0, 1] (got ", spec.offload_fraction, ")"));
+  }
+  if (spec.offload_chunks < 0 || spec.offload_chunks > spec.chunks_per_stage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offload_chunks must be in [0, chunks_per_stage=", spec.chunks_per_stage, "] (got ",
+        spec.offload_chunks, ")"));
+  }
+  if (spec.memory_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_budget_bytes must be >= 0 (got ", spec.memory_budget_bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveOneFOneB(PipelineSpec& spec) {
+  if (spec.chunks_per_stage != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "1f1b needs chunks_per_stage == 1 (got v=", spec.chunks_per_stage,
+        "); use interleaved or group-interleaved for more than one chunk per stage"));
+  }
+  if (spec.group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "1f1b takes no group size: group_size must be 0 (got ", spec.group_size,
+        "); group sizes apply to group-interleaved"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveInterleaved(PipelineSpec& spec) {
+  const int p = spec.num_stages;
+  const int m = spec.num_microbatches;
+  if (spec.chunks_per_stage < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved needs chunks_per_stage >= 2 (got v=", spec.chunks_per_stage,
+        "); use 1f1b for one chunk per stage"));
+  }
+  if (m % p != 0) {
+    // Megatron's interleaved loop walks microbatches in groups of p (ecosystem.md section 2.1).
+    const int lower = (m / p) * p;
+    const int upper = lower + p;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved needs num_microbatches % num_stages == 0 (m=", m, ", p=", p, "); use m=",
+        lower > 0 ? absl::StrCat(lower, " or ") : std::string(), upper,
+        ", or group-interleaved, which takes any m"));
+  }
+  if (spec.group_size != 0 && spec.group_size != p) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved always groups num_stages microbatches: group_size must be 0 or p=", p,
+        " (got ", spec.group_size, "); use group-interleaved for other group sizes"));
+  }
+  spec.group_size = p;
+  return absl::OkStatus();
+}
+
+absl::Status ResolveGroupInterleaved(PipelineSpec& spec) {
+  const int p = spec.num_stages;
+  const int g_min = internal::MinGroupSize(p);
+  if (spec.group_size == 0) spec.group_size = g_min;
+  if (spec.group_size < g_min || spec.group_size > p) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group-interleaved needs ceil(p/2) <= group_size <= p, i.e. ", g_min, " <= g <= ", p,
+        " for p=", p, " (got g=", spec.group_size, "); 0 picks the default ", g_min));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineSpec> ResolveSpec(const PipelineSpec& spec) {
+  PipelineSpec resolved = spec;
+  PO_RETURN_IF_ERROR(internal::CheckSpecShape(resolved));
+  PO_RETURN_IF_ERROR(CheckOffloadFields(resolved));
+  switch (resolved.family) {
+    case Family::k1F1B:
+      PO_RETURN_IF_ERROR(ResolveOneFOneB(resolved));
+      return resolved;
+    case Family::kInterleaved:
+      PO_RETURN_IF_ERROR(ResolveInterleaved(resolved));
+      return resolved;
+    case Family::kGroupInterleaved:
+      PO_RETURN_IF_ERROR(ResolveGroupInterleaved(resolved));
+      return resolved;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown family ", static_cast<int>(spec.family),
+                   "; accepted: 1f1b, interleaved, group-interleaved"));
+}
+
+// The cost model does not shape the order: every family here is defined in unit slots, and the
+// timing pass (Simulate) applies the real durations afterwards.
+absl::StatusOr<Schedule> BuildComputeOrder(const PipelineSpec& spec, const CostModel& /*cost*/) {
+  // Resolving again costs nothing and keeps a caller that skipped ResolveSpec from reaching a
+  // builder with a spec it cannot handle.
+  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
+  Schedule schedule;
+  schedule.spec = resolved;
+  switch (resolved.family) {
+    case Family::k1F1B:
+      schedule.stages = internal::BuildOneFOneBOrder(resolved);
+      break;
+    case Family::kInterleaved:
+      schedule.stages = internal::BuildInterleavedOrder(resolved);
+      break;
+    case Family::kGroupInterleaved: {
+      PO_ASSIGN_OR_RETURN(schedule.stages, internal::BuildGroupInterleavedOrder(resolved));
+      break;
+    }
+  }
+  return schedule;
+}
+
+}  // namespace pipeoffload

@@ -1,1 +1,176 @@
-// placeholder: being written
+// The JSON form of a CostModel (cost_model.h): one key per field, named as the field. The reader
+// takes any subset of the keys over caller-given defaults and rejects what the simulator could
+// not use (negative times, bandwidths that are not positive, unknown keys).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "lib/ir/json_fields.h"
+#include "pipeoffload/cost_model.h"
+
+namespace pipeoffload {
+namespace {
+
+using internal::DoubleToJson;
+using internal::FieldError;
+using internal::IndexPath;
+using internal::Json;
+using internal::OrderedJson;
+using internal::ReadValue;
+
+// What a numeric field accepts.
+enum class Range {
+  kNonNegative,  // finite and >= 0 (times, latency, margin, multipliers)
+  kPositive,     // > 0; +Infinity allowed (bandwidths: a free link)
+};
+
+struct DoubleField {
+  std::string_view name;
+  double CostModel::*member;
+  Range range;
+};
+
+constexpr DoubleField kDoubleFields[] = {
+    {"forward_time", &CostModel::forward_time, Range::kNonNegative},
+    {"backward_time", &CostModel::backward_time, Range::kNonNegative},
+    {"weight_time", &CostModel::weight_time, Range::kNonNegative},
+    {"d2h_bandwidth", &CostModel::d2h_bandwidth, Range::kPositive},
+    {"h2d_bandwidth", &CostModel::h2d_bandwidth, Range::kPositive},
+    {"duplex_bandwidth", &CostModel::duplex_bandwidth, Range::kPositive},
+    {"p2p_bandwidth", &CostModel::p2p_bandwidth, Range::kPositive},
+    {"p2p_latency", &CostModel::p2p_latency, Range::kNonNegative},
+    {"reload_margin_in_backward_times", &CostModel::reload_margin_in_backward_times,
+     Range::kNonNegative},
+};
+
+// Every key, in the header's field order (the order the writer uses).
+constexpr std::string_view kKeys[] = {"forward_time",
+                                      "backward_time",
+                                      "weight_time",
+                                      "stage_time_scale",
+                                      "activation_bytes",
+                                      "activation_bytes_per_virtual_stage",
+                                      "boundary_bytes",
+                                      "d2h_bandwidth",
+                                      "h2d_bandwidth",
+                                      "duplex_bandwidth",
+                                      "shared_copy_engine",
+                                      "p2p_bandwidth",
+                                      "p2p_latency",
+                                      "p2p_shares_host_link",
+                                      "host_link_group_size",
+                                      "reload_margin_in_backward_times"};
+
+absl::Status CheckRange(double value, std::string_view path, Range range) {
+  if (range == Range::kPositive) {
+    // Written so that NaN fails too.
+    if (!(value > 0.0)) {
+      return FieldError(path, absl::StrCat("must be > 0, got ", value));
+    }
+    return absl::OkStatus();
+  }
+  if (!(value >= 0.0) || std::isinf(value)) {
+    return FieldError(path, absl::StrCat("must be finite and >= 0, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAtLeast(std::int64_t value, std::string_view path, std::int64_t min) {
+  if (value < min) return FieldError(path, absl::StrCat("must be >= ", min, ", got ", value));
+  return absl::OkStatus();
+}
+
+// Reads one member of the document into `cost`. REQUIRES: `key` is one of kKeys.
+absl::Status ReadField(const std::string& key, const Json& value, CostModel* cost) {
+  for (const DoubleField& field : kDoubleFields) {
+    if (field.name != key) continue;
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &(cost->*field.member)));
+    return CheckRange(cost->*field.member, key, field.range);
+  }
+  if (key == "stage_time_scale") {
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->stage_time_scale));
+    for (std::size_t i = 0; i < cost->stage_time_scale.size(); ++i) {
+      PO_RETURN_IF_ERROR(
+          CheckRange(cost->stage_time_scale[i], IndexPath(key, i), Range::kNonNegative));
+    }
+    return absl::OkStatus();
+  }
+  if (key == "activation_bytes_per_virtual_stage") {
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->activation_bytes_per_virtual_stage));
+    for (std::size_t i = 0; i < cost->activation_bytes_per_virtual_stage.size(); ++i) {
+      PO_RETURN_IF_ERROR(
+          CheckAtLeast(cost->activation_bytes_per_virtual_stage[i], IndexPath(key, i), 0));
+    }
+    return absl::OkStatus();
+  }
+  if (key == "activation_bytes") {
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->activation_bytes));
+    return CheckAtLeast(cost->activation_bytes, key, 0);
+  }
+  if (key == "boundary_bytes") {
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->boundary_bytes));
+    return CheckAtLeast(cost->boundary_bytes, key, 0);
+  }
+  if (key == "host_link_group_size") {
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->host_link_group_size));
+    return CheckAtLeast(cost->host_link_group_size, key, 1);
+  }
+  if (key == "shared_copy_engine") return ReadValue(value, key, &cost->shared_copy_engine);
+  if (key == "p2p_shares_host_link") return ReadValue(value, key, &cost->p2p_shares_host_link);
+  return FieldError(key, "has no reader (a bug: kKeys and ReadField disagree)");
+}
+
+}  // namespace
+
+absl::StatusOr<CostModel> ParseCostModelJson(std::string_view json, const CostModel& defaults) {
+  PO_ASSIGN_OR_RETURN(const Json document, internal::ParseJsonText(json));
+  if (!document.is_object()) {
+    return FieldError("", absl::StrCat("a cost model is a JSON object, got ",
+                                       internal::JsonKind(document)));
+  }
+  CostModel cost = defaults;
+  for (const auto& [key, value] : document.items()) {
+    bool known = false;
+    for (std::string_view name : kKeys) known = known || name == key;
+    if (!known) {
+      return FieldError(key, absl::StrCat("unknown cost model key; expected one of ",
+                                          internal::JoinNames(kKeys)));
+    }
+    PO_RETURN_IF_ERROR(ReadField(key, value, &cost));
+  }
+  return cost;
+}
+
+std::string CostModelToJson(const CostModel& cost) {
+  OrderedJson scale = OrderedJson::array();
+  for (double s : cost.stage_time_scale) scale.push_back(DoubleToJson(s));
+  const std::vector<std::pair<std::string_view, OrderedJson>> fields = {
+      {"forward_time", DoubleToJson(cost.forward_time)},
+      {"backward_time", DoubleToJson(cost.backward_time)},
+      {"weight_time", DoubleToJson(cost.weight_time)},
+      {"stage_time_scale", scale},
+      {"activation_bytes", cost.activation_bytes},
+      {"activation_bytes_per_virtual_stage", cost.activation_bytes_per_virtual_stage},
+      {"boundary_bytes", cost.boundary_bytes},
+      {"d2h_bandwidth", DoubleToJson(cost.d2h_bandwidth)},
+      {"h2d_bandwidth", DoubleToJson(cost.h2d_bandwidth)},
+      {"duplex_bandwidth", DoubleToJson(cost.duplex_bandwidth)},
+      {"shared_copy_engine", cost.shared_copy_engine},
+      {"p2p_bandwidth", DoubleToJson(cost.p2p_bandwidth)},
+      {"p2p_latency", DoubleToJson(cost.p2p_latency)},
+      {"p2p_shares_host_link", cost.p2p_shares_host_link},
+      {"host_link_group_size", cost.host_link_group_size},
+      {"reload_margin_in_backward_times", DoubleToJson(cost.reload_margin_in_backward_times)},
+  };
+  std::string out = "{";
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "\n  \"" : ",\n  \"", std::string(fields[i].first),
+                    "\": ", internal::DumpInline(fields[i].second));
+  }
+  out.append("\n}\n");
+  return out;
+}
+
+}  // namespace pipeoffload

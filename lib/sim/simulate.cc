@@ -1,1 +1,569 @@
-// placeholder: being written
+// Simulate: runs a Schedule under a CostModel, one op start at a time in time order, and
+// predicts time, memory and traffic (semantics: simulate.h).
+//
+// Invariants of the event loop (EventLoop below):
+//  - each stage has one head op; every op before it has started, so when an op becomes the head
+//    its own-stage dependencies (RECV before F/B, F before SEND/OFFLOAD, OFFLOAD before
+//    RELEASE/RELOAD, RELOAD before B/W) and its engines' free times are already known, and so
+//    is its earliest start ("ready" time);
+//  - a head that is a rendezvous op (SEND/RECV/BARRIER) is parked until its partner is the
+//    head of the partner's stage; the two then start together as one event;
+//  - events leave the queue in nondecreasing start time (a new head is never ready before the
+//    op it follows started), so when a transfer starts, every transfer that started before it
+//    is known: "is the opposite direction of this host link busy" is one lookup of the latest
+//    end time on that link direction;
+//  - a head whose dependency is missing, or later in its own program, never becomes ready; when
+//    the queue runs dry with ops left, the programs hang and the error shows where.
+#include "pipeoffload/simulate.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <optional>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/base/status_macros.h"
+#include "lib/ir/grid_format.h"
+#include "lib/ir/grid_index.h"
+#include "lib/sim/sim_cost_check.h"
+
+namespace pipeoffload {
+namespace {
+
+using internal::ScheduleIndex;
+
+// Engine slots of one stage. With a shared copy engine, D2H and H2D use the same slot.
+enum Slot : int { kComputeSlot, kSendSlot, kRecvSlot, kD2HSlot, kH2DSlot, kNumSlots };
+
+// Two instants closer than this (relative to the times involved) count as equal: a transfer
+// that starts exactly when another ends does not see it busy, despite rounding.
+bool Later(double a, double b) { return a - b > 1e-12 * std::max(1.0, std::fabs(b)); }
+
+Engine EngineOf(OpKind kind) {
+  switch (kind) {
+    case OpKind::kForward:
+    case OpKind::kBackward:
+    case OpKind::kBackwardWeight:
+      return Engine::kCompute;
+    case OpKind::kSendActivation:
+    case OpKind::kSendGrad:
+      return Engine::kSend;
+    case OpKind::kRecvActivation:
+    case OpKind::kRecvGrad:
+      return Engine::kRecv;
+    case OpKind::kOffload:
+      return Engine::kD2H;
+    case OpKind::kReload:
+      return Engine::kH2D;
+    default:
+      return Engine::kNone;
+  }
+}
+
+// Structural problems that would make the event loop's lookups ambiguous: FailedPrecondition
+// naming the first one (Validate names every invariant; this is the subset we rely on).
+absl::Status CheckStructure(const Schedule& schedule, const ScheduleIndex* index) {
+  std::optional<internal::GridViolation> found;
+  if (index == nullptr) {
+    found = internal::CheckShape(schedule);
+    if (!found) found = internal::CheckPeers(schedule);
+  } else {
+    for (auto cls : {ScheduleIndex::kComputeDuplicate, ScheduleIndex::kP2PDuplicate,
+                     ScheduleIndex::kOffloadDuplicate}) {
+      if (!found && index->Duplicate(cls)) found = index->Duplicate(cls);
+    }
+  }
+  if (!found) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "Simulate: malformed schedule (Validate reports every invariant): " +
+      internal::FormatViolation(schedule.stages, *found));
+}
+
+class EventLoop {
+ public:
+  EventLoop(const Schedule& schedule, const ScheduleIndex& index, const CostModel& cost)
+      : schedule_(schedule),
+        index_(index),
+        cost_(cost),
+        p_(schedule.spec.num_stages),
+        num_virtual_(schedule.spec.num_virtual_stages()),
+        split_(schedule.spec.split_backward),
+        stages_(static_cast<std::size_t>(p_)),
+        timed_(static_cast<std::size_t>(p_)) {
+    const int groups = (p_ + cost.host_link_group_size - 1) / cost.host_link_group_size;
+    link_end_.assign(static_cast<std::size_t>(groups), {0.0, 0.0});
+    for (int s = 0; s < p_; ++s) timed_[static_cast<std::size_t>(s)].resize(Ops(s).size());
+  }
+
+  // Runs to completion; the timed ops land in *timed. FailedPrecondition on a hang.
+  absl::Status Run(std::vector<std::vector<TimedOp>>* timed) {
+    for (int s = 0; s < p_; ++s) Arm(s);
+    while (!queue_.empty()) {
+      const auto [time, s] = queue_.top();
+      queue_.pop();
+      Fire(s, time);
+    }
+    PO_RETURN_IF_ERROR(HangReport());
+    *timed = std::move(timed_);
+    return absl::OkStatus();
+  }
+
+ private:
+  struct StageState {
+    int head = 0;
+    double issue = 0.0;  // start of the previous op: in-order issue
+    std::array<double, kNumSlots> engine_free{};
+    bool parked = false;  // the head is a rendezvous op waiting for its partner
+    double ready = 0.0;   // the parked head's own earliest start
+    std::string stuck;    // why the head can never start; "" when it can
+  };
+
+  const std::vector<Op>& Ops(int s) const {
+    return schedule_.stages[static_cast<std::size_t>(s)].ops;
+  }
+  StageState& State(int s) { return stages_[static_cast<std::size_t>(s)]; }
+  const StageState& State(int s) const { return stages_[static_cast<std::size_t>(s)]; }
+  const TimedOp& Timed(int s, int i) const {
+    return timed_[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)];
+  }
+  int Slot(OpKind kind) const {
+    switch (EngineOf(kind)) {
+      case Engine::kCompute:
+        return kComputeSlot;
+      case Engine::kSend:
+        return kSendSlot;
+      case Engine::kRecv:
+        return kRecvSlot;
+      case Engine::kD2H:
+        return kD2HSlot;
+      case Engine::kH2D:
+        return cost_.shared_copy_engine ? kD2HSlot : kH2DSlot;
+      default:
+        return -1;
+    }
+  }
+
+  // Folds the end of (kind, mb, chunk) on stage s into *t; false (with *why) when that op is
+  // not before the head, so the head can never start.
+  bool After(int s, OpKind kind, int mb, int chunk, double* t, std::string* why) const {
+    const int j = index_.Position(s, kind, mb, chunk);
+    if (j >= 0 && j < State(s).head) {
+      *t = std::max(*t, Timed(s, j).end);
+      return true;
+    }
+    *why = "needs " + OpToString(Op{kind, mb, chunk, -1}) +
+           (j < 0 ? ", which is not in its program"
+                  : ", which comes later, at op " + std::to_string(j));
+    return false;
+  }
+
+  bool Offloaded(int s, int mb, int chunk) const {
+    return index_.Position(s, OpKind::kReload, mb, chunk) >= 0 ||
+           index_.Position(s, OpKind::kRelease, mb, chunk) >= 0;
+  }
+
+  // The head's earliest start from its own stage, or nullopt with *why.
+  std::optional<double> OwnReady(int s, std::string* why) const {
+    const StageState& state = State(s);
+    const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
+    double t = state.issue;
+    if (const int slot = Slot(op.kind); slot >= 0) {
+      t = std::max(t, state.engine_free[static_cast<std::size_t>(slot)]);
+    }
+    const int l = internal::VirtualStageOf(s, op.chunk, p_);
+    bool ok = true;
+    switch (op.kind) {
+      case OpKind::kForward:
+        if (l > 0) {
+          ok = p_ > 1 ? After(s, OpKind::kRecvActivation, op.mb, op.chunk, &t, why)
+                      : After(s, OpKind::kForward, op.mb, op.chunk - 1, &t, why);
+        }
+        break;
+      case OpKind::kBackward:
+        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why);
+        if (ok && l < num_virtual_ - 1) {
+          ok = p_ > 1 ? After(s, OpKind::kRecvGrad, op.mb, op.chunk, &t, why)
+                      : After(s, OpKind::kBackward, op.mb, op.chunk + 1, &t, why);
+        }
+        if (ok && Offloaded(s, op.mb, op.chunk)) {
+          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why);
+        }
+        break;
+      case OpKind::kBackwardWeight:
+        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &t, why);
+        if (ok && Offloaded(s, op.mb, op.chunk)) {
+          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why);
+        }
+        break;
+      case OpKind::kSendActivation:
+      case OpKind::kOffload:
+        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why);
+        break;
+      case OpKind::kSendGrad:
+        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &t, why);
+        break;
+      case OpKind::kRelease:
+      case OpKind::kReload:
+        ok = After(s, OpKind::kOffload, op.mb, op.chunk, &t, why);
+        break;
+      default:
+        break;  // RECV and BARRIER depend on their partner only
+    }
+    if (!ok) return std::nullopt;
+    return t;
+  }
+
+  // The head of s changed: queue it, park it, or mark it stuck.
+  void Arm(int s) {
+    StageState& state = State(s);
+    state.parked = false;
+    state.stuck.clear();
+    if (static_cast<std::size_t>(state.head) >= Ops(s).size()) return;
+    std::optional<double> ready = OwnReady(s, &state.stuck);
+    if (!ready) return;
+    const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
+    if (!HasPeer(op.kind)) {
+      queue_.push({*ready, s});
+      return;
+    }
+    const int partner = index_.Partner(s, state.head);
+    if (partner < 0) {
+      state.stuck = "has no partner on stage " + std::to_string(op.peer);
+      return;
+    }
+    StageState& other = State(op.peer);
+    if (other.parked && other.head == partner) {
+      other.parked = false;
+      queue_.push({std::max(*ready, other.ready), s});
+      return;
+    }
+    state.parked = true;
+    state.ready = *ready;
+  }
+
+  // Starts the head of s (and of its partner stage, for a rendezvous) at t.
+  void Fire(int s, double t) {
+    const Op& op = Ops(s)[static_cast<std::size_t>(State(s).head)];
+    if (!HasPeer(op.kind)) {
+      Start(s, t, Duration(s, op, t));
+      Arm(s);
+      return;
+    }
+    const double duration =
+        IsP2P(op.kind)
+            ? cost_.p2p_latency + static_cast<double>(cost_.boundary_bytes) / cost_.p2p_bandwidth
+            : 0.0;
+    Start(s, t, duration);
+    Start(op.peer, t, duration);
+    Arm(s);
+    Arm(op.peer);
+  }
+
+  // Duration of a non-rendezvous op starting at t; decides a transfer's bandwidth.
+  double Duration(int s, const Op& op, double t) const {
+    switch (op.kind) {
+      case OpKind::kForward:
+        return cost_.ForwardTime(s);
+      case OpKind::kBackward:
+        return cost_.BackwardTime(s, split_);
+      case OpKind::kBackwardWeight:
+        return cost_.WeightTime(s);
+      case OpKind::kOffload:
+      case OpKind::kReload: {
+        const bool d2h = op.kind == OpKind::kOffload;
+        const auto& ends = link_end_[static_cast<std::size_t>(s / cost_.host_link_group_size)];
+        const bool duplex = Later(ends[d2h ? 1 : 0], t);  // opposite direction busy at t
+        const double bandwidth =
+            duplex ? cost_.duplex_bandwidth : (d2h ? cost_.d2h_bandwidth : cost_.h2d_bandwidth);
+        return static_cast<double>(cost_.ActivationBytes(s, op.chunk, p_)) / bandwidth;
+      }
+      default:
+        return 0.0;
+    }
+  }
+
+  void Start(int s, double t, double duration) {
+    StageState& state = State(s);
+    const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
+    TimedOp& timed = timed_[static_cast<std::size_t>(s)][static_cast<std::size_t>(state.head)];
+    timed = TimedOp{s, state.head, op, EngineOf(op.kind), t, t + duration, 0};
+    if (IsP2P(op.kind)) timed.bytes = cost_.boundary_bytes;
+    if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
+      timed.bytes = cost_.ActivationBytes(s, op.chunk, p_);
+      double& end = link_end_[static_cast<std::size_t>(s / cost_.host_link_group_size)]
+                             [op.kind == OpKind::kOffload ? 0 : 1];
+      end = std::max(end, timed.end);
+    }
+    if (const int slot = Slot(op.kind); slot >= 0) {
+      state.engine_free[static_cast<std::size_t>(slot)] = timed.end;
+    }
+    state.issue = t;
+    ++state.head;
+  }
+
+  absl::Status HangReport() const {
+    std::vector<internal::GridMark> marks;
+    std::string detail;
+    int listed = 0;
+    for (int s = 0; s < p_; ++s) {
+      const StageState& state = State(s);
+      if (static_cast<std::size_t>(state.head) >= Ops(s).size()) continue;
+      marks.push_back({s, state.head});
+      if (++listed > 8) continue;
+      const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
+      detail += "\n  stage " + std::to_string(s) + " op " + std::to_string(state.head) + " " +
+                OpToString(op) + " ";
+      if (!state.parked) {
+        detail += state.stuck;
+        continue;
+      }
+      const int partner = index_.Partner(s, state.head);
+      const StageState& other = State(op.peer);
+      detail += "waits for its partner " +
+                OpToString(Ops(op.peer)[static_cast<std::size_t>(partner)]) + " (stage " +
+                std::to_string(op.peer) + " op " + std::to_string(partner) + "), but stage " +
+                std::to_string(op.peer) + " is at op " + std::to_string(other.head);
+    }
+    if (marks.empty()) return absl::OkStatus();
+    if (listed > 8) detail += "\n  ... and " + std::to_string(listed - 8) + " more stages";
+    return absl::FailedPreconditionError(
+        "Simulate: the programs hang (a dependency never resolves):" + detail + "\n" +
+        internal::FormatStepGrid(schedule_.stages, marks, "blocked op"));
+  }
+
+  const Schedule& schedule_;
+  const ScheduleIndex& index_;
+  const CostModel& cost_;
+  const int p_, num_virtual_;
+  const bool split_;
+  std::vector<StageState> stages_;
+  std::vector<std::vector<TimedOp>> timed_;
+  std::vector<std::array<double, 2>> link_end_;  // [host link][0 = D2H, 1 = H2D]: latest end
+  // (start time, stage): the earliest event first; the stage breaks ties deterministically.
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
+      queue_;
+};
+
+// Timed ops of `schedule`, or why it cannot be simulated. REQUIRES: CheckStructure(schedule,
+// nullptr) passed.
+absl::StatusOr<std::vector<std::vector<TimedOp>>> RunPrograms(const Schedule& schedule,
+                                                              const CostModel& cost) {
+  const ScheduleIndex index(schedule);
+  PO_RETURN_IF_ERROR(CheckStructure(schedule, &index));
+  std::vector<std::vector<TimedOp>> timed;
+  PO_RETURN_IF_ERROR(EventLoop(schedule, index, cost).Run(&timed));
+  return timed;
+}
+
+// Program-order memory of one stage (the *units / *_bytes fields), its time-ordered samples,
+// and its busy/end times.
+void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
+                 const std::vector<TimedOp>& timed, StagePrediction* out,
+                 std::vector<MemorySample>* samples) {
+  const PipelineSpec& spec = schedule.spec;
+  const int p = spec.num_stages, v = spec.chunks_per_stage;
+  const OpKind frees = spec.split_backward ? OpKind::kBackwardWeight : OpKind::kBackward;
+  std::int64_t units = 0, bytes = 0, plain_units = 0, plain_bytes = 0, host = 0;
+  std::vector<char> on_host(
+      static_cast<std::size_t>(spec.num_microbatches) * static_cast<std::size_t>(v), 0);
+  struct Change {
+    double time;
+    int index;
+    std::int64_t bytes;
+    std::int64_t units;
+  };
+  std::vector<Change> changes;
+  for (const TimedOp& t : timed) {
+    const Op& op = t.op;
+    // BARRIERs may carry chunk -1; they allocate nothing, so any size will do for them.
+    const std::int64_t entry = cost.ActivationBytes(s, std::max(op.chunk, 0), p);
+    int sign = 0;  // +1 allocates on the device, -1 frees
+    double when = t.start;
+    if (op.kind == OpKind::kForward || op.kind == OpKind::kReload) sign = 1;
+    if (op.kind == OpKind::kRelease) sign = -1;
+    if (op.kind == frees) {
+      sign = -1;
+      when = t.end;
+    }
+    if (sign != 0) {
+      units += sign;
+      bytes += sign * entry;
+      out->peak_units = std::max(out->peak_units, units);
+      out->peak_bytes = std::max(out->peak_bytes, bytes);
+      changes.push_back({when, t.index, sign * entry, sign});
+      if (!IsOffload(op.kind)) {
+        plain_units += sign;
+        plain_bytes += sign * entry;
+        out->peak_units_without_offload = std::max(out->peak_units_without_offload, plain_units);
+        out->peak_bytes_without_offload = std::max(out->peak_bytes_without_offload, plain_bytes);
+      }
+    }
+    if (op.kind == OpKind::kOffload || op.kind == OpKind::kBackward) {
+      char& flag = on_host[static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(v) +
+                           static_cast<std::size_t>(op.chunk)];
+      if (op.kind == OpKind::kOffload) {
+        out->offloaded_bytes += entry;
+        host += entry;
+        out->host_bytes = std::max(out->host_bytes, host);
+        flag = 1;
+      } else if (flag) {  // the entry's B: its host copy is no longer needed
+        host -= entry;
+        flag = 0;
+      }
+    }
+    if (t.engine == Engine::kCompute) out->busy_time += t.end - t.start;
+    out->end_time = std::max(out->end_time, t.end);
+  }
+  std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
+    return a.time != b.time ? a.time < b.time : a.index < b.index;
+  });
+  MemorySample current;
+  for (const Change& change : changes) {
+    current.time = change.time;
+    current.bytes += change.bytes;
+    current.units += change.units;
+    samples->push_back(current);
+  }
+}
+
+std::vector<LinkTraffic> Traffic(const Timeline& timeline, const CostModel& cost, int p) {
+  const int group = cost.host_link_group_size;
+  std::vector<LinkTraffic> links(static_cast<std::size_t>((p + group - 1) / group));
+  for (std::size_t k = 0; k < links.size(); ++k) links[k].name = "host:" + std::to_string(k);
+  std::map<std::pair<int, int>, std::int64_t> p2p;
+  for (const auto& stage : timeline.stages) {
+    for (const TimedOp& t : stage) {
+      LinkTraffic& own = links[static_cast<std::size_t>(t.stage / group)];
+      if (t.op.kind == OpKind::kOffload) own.bytes_d2h += t.bytes;
+      if (t.op.kind == OpKind::kReload) own.bytes_h2d += t.bytes;
+      if (!IsSend(t.op.kind)) continue;
+      p2p[{t.stage, t.op.peer}] += t.bytes;
+      if (cost.p2p_shares_host_link) {
+        own.bytes_d2h += t.bytes;
+        links[static_cast<std::size_t>(t.op.peer / group)].bytes_h2d += t.bytes;
+      }
+    }
+  }
+  for (const auto& [ends, bytes] : p2p) {
+    links.push_back(
+        {"p2p:" + std::to_string(ends.first) + "->" + std::to_string(ends.second), bytes, 0});
+  }
+  return links;
+}
+
+}  // namespace
+
+std::string_view EngineName(Engine engine) {
+  switch (engine) {
+    case Engine::kCompute:
+      return "compute";
+    case Engine::kSend:
+      return "send";
+    case Engine::kRecv:
+      return "recv";
+    case Engine::kD2H:
+      return "D2H";
+    case Engine::kH2D:
+      return "H2D";
+    case Engine::kNone:
+      return "none";
+  }
+  return "none";
+}
+
+absl::StatusOr<Timeline> Simulate(const Schedule& schedule, const CostModel& cost) {
+  PO_RETURN_IF_ERROR(CheckStructure(schedule, nullptr));
+  PO_RETURN_IF_ERROR(Annotate(
+      internal::CheckCostModel(cost, schedule.spec.num_stages, schedule.spec.chunks_per_stage),
+      "Simulate"));
+  const int p = schedule.spec.num_stages;
+  Timeline timeline;
+  PO_ASSIGN_OR_RETURN(timeline.stages, RunPrograms(schedule, cost));
+
+  // The same programs without transfers: what offload costs in time. Without any transfer op
+  // that is the run above, so it is not repeated.
+  const auto is_transfer = [](const Op& op) {
+    return IsOffload(op.kind) || op.kind == OpKind::kBarrier;
+  };
+  bool any_transfer = false;
+  for (const StageProgram& program : schedule.stages) {
+    any_transfer = any_transfer || std::any_of(program.ops.begin(), program.ops.end(), is_transfer);
+  }
+  double plain_step_time = 0.0;
+  if (any_transfer) {
+    Schedule plain = schedule;
+    for (StageProgram& program : plain.stages) std::erase_if(program.ops, is_transfer);
+    absl::StatusOr<std::vector<std::vector<TimedOp>>> plain_timed = RunPrograms(plain, cost);
+    if (!plain_timed.ok()) {
+      return Annotate(plain_timed.status(), "Simulate: the programs without offload ops");
+    }
+    for (const auto& stage : *plain_timed) {
+      for (const TimedOp& t : stage) plain_step_time = std::max(plain_step_time, t.end);
+    }
+  }
+
+  Predictions& predictions = timeline.predictions;
+  predictions.stages.resize(static_cast<std::size_t>(p));
+  timeline.memory.resize(static_cast<std::size_t>(p));
+  double busy = 0.0;
+  for (int s = 0; s < p; ++s) {
+    StagePrediction& stage = predictions.stages[static_cast<std::size_t>(s)];
+    StageMemory(schedule, cost, s, timeline.stages[static_cast<std::size_t>(s)], &stage,
+                &timeline.memory[static_cast<std::size_t>(s)]);
+    predictions.step_time = std::max(predictions.step_time, stage.end_time);
+    busy += stage.busy_time;
+  }
+  predictions.step_time_without_offload = any_transfer ? plain_step_time : predictions.step_time;
+  predictions.bubble_ratio =
+      predictions.step_time > 0 ? 1.0 - busy / (p * predictions.step_time) : 0.0;
+  predictions.links = Traffic(timeline, cost, p);
+  predictions.collisions = CountCollisions(timeline, cost, p);
+  return timeline;
+}
+
+int CountCollisions(const Timeline& timeline, const CostModel& cost, int num_stages) {
+  const int group = std::max(1, cost.host_link_group_size);
+  double horizon = 1.0;
+  // Transfers by (host link, direction 0 = D2H / 1 = H2D): [start, end).
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> transfers;
+  for (const auto& stage : timeline.stages) {
+    for (const TimedOp& t : stage) {
+      horizon = std::max(horizon, std::fabs(t.end));
+      if (t.stage < 0 || t.stage >= num_stages) continue;
+      if (t.op.kind == OpKind::kOffload) {
+        transfers[{t.stage / group, 0}].push_back({t.start, t.end});
+      }
+      if (t.op.kind == OpKind::kReload) transfers[{t.stage / group, 1}].push_back({t.start, t.end});
+      if (cost.p2p_shares_host_link && IsSend(t.op.kind) && t.op.peer >= 0 &&
+          t.op.peer < num_stages) {
+        transfers[{t.stage / group, 0}].push_back({t.start, t.end});
+        transfers[{t.op.peer / group, 1}].push_back({t.start, t.end});
+      }
+    }
+  }
+  // Overlaps shorter than this are rounding, not collisions.
+  const double epsilon = 1e-9 * horizon;
+  int collisions = 0;
+  for (auto& [link, intervals] : transfers) {
+    std::sort(intervals.begin(), intervals.end());
+    // Ends of the transfers still running, earliest first. An interval longer than epsilon
+    // overlaps an earlier-starting one by more than epsilon iff that one ends after its
+    // start + epsilon; shorter intervals cannot overlap anything by more than epsilon.
+    std::priority_queue<double, std::vector<double>, std::greater<>> running;
+    for (const auto& [start, end] : intervals) {
+      if (end - start <= epsilon) continue;
+      while (!running.empty() && running.top() <= start + epsilon) running.pop();
+      collisions += static_cast<int>(running.size());
+      running.push(end);
+    }
+  }
+  return collisions;
+}
+
+}  // namespace pipeoffload
