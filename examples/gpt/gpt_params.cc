@@ -1,0 +1,125 @@
+// Parameter storage, deterministic init, AdamW and checksums for the GPT example.
+#include "examples/gpt/gpt_params.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "examples/gpt/rng.h"
+#include "lib/base/check.h"
+
+namespace pipeoffload::gpt {
+
+std::uint64_t Fnv1a64(const void* data, std::int64_t bytes, std::uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::int64_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= kFnvPrime;
+  }
+  return hash;
+}
+
+absl::StatusOr<std::uint64_t> CombineTensorHashes(std::vector<TensorHash> hashes, int num_tensors) {
+  std::sort(hashes.begin(), hashes.end(),
+            [](const TensorHash& a, const TensorHash& b) { return a.id < b.id; });
+  if (static_cast<std::int64_t>(hashes.size()) != num_tensors) {
+    return absl::InvalidArgumentError(absl::StrCat("checksum needs the hashes of ", num_tensors,
+                                                   " tensors, got ", hashes.size()));
+  }
+  std::uint64_t hash = kFnvOffsetBasis;
+  for (int i = 0; i < num_tensors; ++i) {
+    if (hashes[i].id != i) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checksum: tensor id ", i, " is missing or repeated (found id ", hashes[i].id, ")"));
+    }
+    // Little-endian bytes of (id, hash), so the value is the same on any host.
+    unsigned char bytes[12];
+    for (int b = 0; b < 4; ++b) bytes[b] = static_cast<unsigned char>(hashes[i].id >> (8 * b));
+    for (int b = 0; b < 8; ++b) {
+      bytes[4 + b] = static_cast<unsigned char>(hashes[i].hash >> (8 * b));
+    }
+    hash = Fnv1a64(bytes, sizeof(bytes), hash);
+  }
+  return hash;
+}
+
+void ParameterBlock::Add(int id, const TensorSpec& spec, bool mirror) {
+  PO_CHECK_MSG(params_.empty(), "ParameterBlock::Add after Allocate");
+  ParamTensor tensor;
+  tensor.id = id;
+  tensor.spec = spec;
+  tensor.mirror = mirror;
+  tensor.offset = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().spec.numel();
+  tensors_.push_back(std::move(tensor));
+}
+
+int ParameterBlock::Find(int id, bool mirror) const {
+  for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
+    if (tensors_[i].id == id && tensors_[i].mirror == mirror) return i;
+  }
+  return -1;
+}
+
+void ParameterBlock::Allocate(std::uint64_t seed) {
+  const std::int64_t total =
+      tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().spec.numel();
+  params_.assign(static_cast<std::size_t>(total), 0.0f);
+  grads_.assign(params_.size(), 0.0f);
+  m_.assign(params_.size(), 0.0f);
+  v_.assign(params_.size(), 0.0f);
+  for (const ParamTensor& tensor : tensors_) {
+    float* p = params_.data() + tensor.offset;
+    const std::int64_t n = tensor.spec.numel();
+    if (tensor.spec.init_std > 0.0f) {
+      Rng rng(DeriveSeed({seed, static_cast<std::uint64_t>(tensor.id)}));
+      const double std = tensor.spec.init_std;
+      for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(std * rng.Normal());
+    } else {
+      std::fill(p, p + n, tensor.spec.init_value);
+    }
+  }
+}
+
+void ParameterBlock::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+void ParameterBlock::AdamWStep(const AdamWConfig& config, std::int64_t t) {
+  PO_CHECK(t >= 1);
+  // Bias corrections (Kingma & Ba 2015, Algorithm 1), in double once per step.
+  const float correction1 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), static_cast<double>(t)));
+  const float correction2 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), static_cast<double>(t)));
+  const float b1 = config.beta1;
+  const float b2 = config.beta2;
+  const float lr = config.learning_rate;
+  const float eps = config.epsilon;
+  for (const ParamTensor& tensor : tensors_) {
+    // Decoupled weight decay (Loshchilov & Hutter 2019, Algorithm 2, line 12): p -= lr * wd * p.
+    const float wd = tensor.spec.weight_decay ? config.weight_decay : 0.0f;
+    float* p = params_.data() + tensor.offset;
+    const float* g = grads_.data() + tensor.offset;
+    float* m = m_.data() + tensor.offset;
+    float* v = v_.data() + tensor.offset;
+    const std::int64_t n = tensor.spec.numel();
+    for (std::int64_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      const float m_hat = m[i] / correction1;
+      const float v_hat = v[i] / correction2;
+      p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * p[i]);
+    }
+  }
+}
+
+std::vector<TensorHash> ParameterBlock::Hashes() const {
+  std::vector<TensorHash> hashes;
+  for (const ParamTensor& tensor : tensors_) {
+    if (tensor.mirror) continue;
+    hashes.push_back({tensor.id, Fnv1a64(params_.data() + tensor.offset,
+                                         tensor.spec.numel() * std::int64_t{sizeof(float)})});
+  }
+  return hashes;
+}
+
+}  // namespace pipeoffload::gpt
