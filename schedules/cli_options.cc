@@ -299,19 +299,11 @@ const std::vector<OptionDef>& Options() {
   return *kOptions;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 absl::StatusOr<CostModel> BuildCostModel(const Parsing& p) {
   CostModel cost = p.options.unit_costs ? UnitCostModel(p.offload_ratio)
                                         : EstimateGptCostModel(p.gpt);
   if (!p.cost_model_file.empty()) {
-    PO_ASSIGN_OR_RETURN(const std::string text, ReadFile(p.cost_model_file));
+    PO_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(p.cost_model_file));
     absl::StatusOr<CostModel> parsed = ParseCostModelJson(text, cost);
     if (!parsed.ok()) return Annotate(parsed.status(), p.cost_model_file);
     cost = *std::move(parsed);
@@ -321,6 +313,14 @@ absl::StatusOr<CostModel> BuildCostModel(const Parsing& p) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
   Parsing p;

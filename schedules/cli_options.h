@@ -30,6 +30,9 @@ struct CliOptions {
 // problem ("--stages: expected an integer >= 1, got \"x\""), or the cost-model file's error.
 [[nodiscard]] absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv);
 
+// The whole file at `path`. Errors: NotFound naming the path.
+[[nodiscard]] absl::StatusOr<std::string> ReadTextFile(const std::string& path);
+
 // The --help text: commands, every option with its meaning and default, and examples.
 std::string UsageText();
 

@@ -20,14 +20,6 @@
 namespace pipeoffload::cli {
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 absl::Status WriteOutput(const CliOptions& options, const std::string& text) {
   if (options.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -96,7 +88,7 @@ absl::Status RunCompare(const CliOptions& options) {
 }
 
 absl::Status RunImport(const CliOptions& options) {
-  PO_ASSIGN_OR_RETURN(const std::string csv, ReadFile(options.input));
+  PO_ASSIGN_OR_RETURN(const std::string csv, ReadTextFile(options.input));
   absl::StatusOr<Schedule> parsed =
       ParsePyTorchCsv(csv, options.spec.num_stages, options.spec.family);
   if (!parsed.ok()) return Annotate(parsed.status(), options.input);
@@ -114,7 +106,7 @@ absl::Status RunImport(const CliOptions& options) {
 }
 
 absl::Status RunValidate(const CliOptions& options) {
-  PO_ASSIGN_OR_RETURN(const std::string json, ReadFile(options.input));
+  PO_ASSIGN_OR_RETURN(const std::string json, ReadTextFile(options.input));
   absl::StatusOr<Schedule> parsed = ParseScheduleJson(json);
   if (!parsed.ok()) return Annotate(parsed.status(), options.input);
   PO_ASSIGN_OR_RETURN(const Schedule schedule,

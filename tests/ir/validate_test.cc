@@ -11,33 +11,12 @@
 #include "absl/status/status.h"
 #include "pipeoffload/schedule.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload {
 namespace {
 
-Op F(int mb, int c = 0) { return {OpKind::kForward, mb, c, -1}; }
-Op B(int mb, int c = 0) { return {OpKind::kBackward, mb, c, -1}; }
-Op W(int mb, int c = 0) { return {OpKind::kBackwardWeight, mb, c, -1}; }
-Op SendF(int mb, int peer, int c = 0) { return {OpKind::kSendActivation, mb, c, peer}; }
-Op RecvF(int mb, int peer, int c = 0) { return {OpKind::kRecvActivation, mb, c, peer}; }
-Op SendB(int mb, int peer, int c = 0) { return {OpKind::kSendGrad, mb, c, peer}; }
-Op RecvB(int mb, int peer, int c = 0) { return {OpKind::kRecvGrad, mb, c, peer}; }
-Op Offload(int mb, int c = 0) { return {OpKind::kOffload, mb, c, -1}; }
-Op Release(int mb, int c = 0) { return {OpKind::kRelease, mb, c, -1}; }
-Op Reload(int mb, int c = 0) { return {OpKind::kReload, mb, c, -1}; }
-Op Barrier(int peer) { return {OpKind::kBarrier, -1, -1, peer}; }
-
-Schedule Make(int p, int m, int v, bool split, std::vector<std::vector<Op>> programs) {
-  Schedule schedule;
-  schedule.spec.num_stages = p;
-  schedule.spec.num_microbatches = m;
-  schedule.spec.chunks_per_stage = v;
-  schedule.spec.split_backward = split;
-  for (int d = 0; d < static_cast<int>(programs.size()); ++d) {
-    schedule.stages.push_back({d, std::move(programs[static_cast<std::size_t>(d)])});
-  }
-  return schedule;
-}
+using namespace ::pipeoffload::testing;  // F(...), SendF(...), Make(...)
 
 // p=2, m=2 1F1B with comm ops in a rendezvous-safe order: stage 1 receives F1 before it sends
 // B0, so stage 0's SEND_F1 never faces stage 1's SEND_B0.

@@ -1,0 +1,39 @@
+// Short constructors for hand-built schedules in tests: F(mb, chunk), SendF(mb, peer, chunk), ...
+// and Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d].
+#ifndef PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
+#define PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
+
+#include <utility>
+#include <vector>
+
+#include "pipeoffload/schedule.h"
+
+namespace pipeoffload::testing {
+
+inline Op F(int mb, int c = 0) { return {OpKind::kForward, mb, c, -1}; }
+inline Op B(int mb, int c = 0) { return {OpKind::kBackward, mb, c, -1}; }
+inline Op W(int mb, int c = 0) { return {OpKind::kBackwardWeight, mb, c, -1}; }
+inline Op SendF(int mb, int peer, int c = 0) { return {OpKind::kSendActivation, mb, c, peer}; }
+inline Op RecvF(int mb, int peer, int c = 0) { return {OpKind::kRecvActivation, mb, c, peer}; }
+inline Op SendB(int mb, int peer, int c = 0) { return {OpKind::kSendGrad, mb, c, peer}; }
+inline Op RecvB(int mb, int peer, int c = 0) { return {OpKind::kRecvGrad, mb, c, peer}; }
+inline Op Offload(int mb, int c = 0) { return {OpKind::kOffload, mb, c, -1}; }
+inline Op Release(int mb, int c = 0) { return {OpKind::kRelease, mb, c, -1}; }
+inline Op Reload(int mb, int c = 0) { return {OpKind::kReload, mb, c, -1}; }
+inline Op Barrier(int peer) { return {OpKind::kBarrier, -1, -1, peer}; }
+
+inline Schedule Make(int p, int m, int v, bool split, std::vector<std::vector<Op>> programs) {
+  Schedule schedule;
+  schedule.spec.num_stages = p;
+  schedule.spec.num_microbatches = m;
+  schedule.spec.chunks_per_stage = v;
+  schedule.spec.split_backward = split;
+  for (int d = 0; d < static_cast<int>(programs.size()); ++d) {
+    schedule.stages.push_back({d, std::move(programs[static_cast<std::size_t>(d)])});
+  }
+  return schedule;
+}
+
+}  // namespace pipeoffload::testing
+
+#endif  // PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
