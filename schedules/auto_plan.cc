@@ -1,1 +1,256 @@
-// placeholder: being written
+// PlanAuto: the `auto` offload policy (issue 3). Compiles candidate plans (family, v, g, share
+// of the activation volume to offload) for the spec's p and m and keeps the fastest whose
+// predicted per-stage peak fits the memory budget. Pure function of its inputs; no I/O.
+//
+// The cost model describes a chunk of the spec's own v (spec.chunks_per_stage). A candidate
+// with v' chunks per stage cuts the same layers into v' chunks, so its per-chunk compute times
+// and activation bytes are the spec's scaled by v / v'; P2P message sizes stay. With
+// activation_bytes_per_virtual_stage (one entry per virtual stage of the spec's v) only v' = v
+// can be priced, so only that v is tried. The returned schedule's predictions use the scaled
+// model of the plan it holds.
+//
+// Within one (family, v, g), offloading never makes a plan faster (the planner never stalls a
+// step; it only keeps it as fast), so an order whose plain step is slower than the incumbent is
+// skipped, and otherwise its pick is the smallest share of the volume that fits: it moves the
+// fewest bytes over PCIe.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/compiler.h"
+#include "schedules/offload_planner.h"
+
+namespace pipeoffload::internal {
+namespace {
+
+// Largest v tried: beyond it the per-chunk P2P and bookkeeping overheads dominate, and the
+// reference configurations use v <= 4 (pipeoffload.md section 1.3).
+constexpr int kMaxAutoChunks = 4;
+
+struct Share {
+  OffloadPolicy policy;
+  double fraction;  // for kSelective
+  const char* name;
+};
+// In increasing order of offloaded volume (the planner's choices nest: pipeoffload.md 7.7).
+constexpr Share kShares[] = {{OffloadPolicy::kNone, 0.0, "none"},
+                             {OffloadPolicy::kSelective, 0.25, "selective 0.25"},
+                             {OffloadPolicy::kHalf, 0.5, "po-h"},
+                             {OffloadPolicy::kSelective, 0.75, "selective 0.75"},
+                             {OffloadPolicy::kFull, 1.0, "po-f"}};
+
+struct Order {
+  Family family;
+  int v;
+  int g;  // 0: the family's default
+};
+
+std::string OrderName(const Order& order, int resolved_g) {
+  std::string name = std::string(FamilyName(order.family));
+  if (order.family != Family::k1F1B) absl::StrAppend(&name, " v=", order.v, " g=", resolved_g);
+  return name;
+}
+
+std::vector<Order> Orders(const PipelineSpec& spec, const CostModel& cost) {
+  const int p = spec.num_stages;
+  std::vector<int> chunk_counts;
+  if (!cost.activation_bytes_per_virtual_stage.empty()) {
+    chunk_counts.push_back(spec.chunks_per_stage);
+  } else {
+    for (int v = 1; v <= kMaxAutoChunks; ++v) chunk_counts.push_back(v);
+  }
+  std::vector<Order> orders;
+  for (const int v : chunk_counts) {
+    if (v == 1) {
+      orders.push_back({Family::k1F1B, 1, 0});
+      continue;
+    }
+    orders.push_back({Family::kInterleaved, v, 0});
+    const int g_min = (p + 1) / 2;
+    orders.push_back({Family::kGroupInterleaved, v, g_min});
+    if (g_min != p) orders.push_back({Family::kGroupInterleaved, v, p});
+  }
+  return orders;
+}
+
+std::int64_t MaxPeak(const Predictions& predictions) {
+  std::int64_t peak = 0;
+  for (const StagePrediction& stage : predictions.stages) peak = std::max(peak, stage.peak_bytes);
+  return peak;
+}
+
+std::int64_t Offloaded(const Predictions& predictions) {
+  std::int64_t bytes = 0;
+  for (const StagePrediction& stage : predictions.stages) bytes += stage.offloaded_bytes;
+  return bytes;
+}
+
+// The search state of PlanAuto: the incumbent, the smallest peak seen, and the log.
+struct Search {
+  const PipelineSpec& spec;
+  std::vector<std::string>* alternatives;
+  std::optional<Schedule> best;
+  std::string best_name;
+  std::optional<std::int64_t> smallest_peak;
+  std::string smallest_name;
+  std::string last_error;
+  int weighed = 0;
+
+  // Compiles `order` with share kShares[index]; nullopt when it does not compile.
+  std::optional<Schedule> Try(const Order& order, const CostModel& cost, int index,
+                              std::string* name) {
+    const Share& share = kShares[index];
+    PipelineSpec candidate = spec;
+    candidate.family = order.family;
+    candidate.chunks_per_stage = order.v;
+    candidate.group_size = order.g;
+    candidate.offload = share.policy;
+    candidate.offload_fraction = share.policy == OffloadPolicy::kSelective ? share.fraction : 0.0;
+    candidate.offload_chunks = 0;
+    candidate.strict = false;
+    absl::StatusOr<Schedule> compiled = Compile(candidate, cost);
+    ++weighed;
+    *name = absl::StrCat(OrderName(order, compiled.ok() ? compiled->spec.group_size : order.g),
+                         ", offload ", share.name);
+    if (!compiled.ok()) {
+      last_error = std::string(compiled.status().message());
+      Log(absl::StrCat(*name, ": not applicable: ", last_error));
+      return std::nullopt;
+    }
+    const std::int64_t peak = MaxPeak(*compiled->predictions);
+    if (!smallest_peak || peak < *smallest_peak) {
+      smallest_peak = peak;
+      smallest_name = *name;
+    }
+    return *std::move(compiled);
+  }
+
+  bool Fits(const Schedule& schedule) const {
+    return MaxPeak(*schedule.predictions) <= spec.memory_budget_bytes;
+  }
+
+  void Log(std::string line) {
+    if (alternatives != nullptr) alternatives->push_back(std::move(line));
+  }
+  void LogPlan(const std::string& name, const Schedule& schedule) {
+    const Predictions& p = *schedule.predictions;
+    Log(absl::StrFormat("%s: step time %.6g, peak %d bytes per stage, %d bytes offloaded: %s",
+                        name, p.step_time, MaxPeak(p), Offloaded(p),
+                        Fits(schedule) ? "fits" : "exceeds the budget"));
+  }
+
+  // The order's smallest share that fits, if it can beat the incumbent. Offload never makes an
+  // order faster, so its step time without offload decides whether it can; peaks fall as the
+  // share grows (the planner's choices nest), so after no offload and full offload a bisection
+  // over the shares between finds the smallest that fits.
+  void TryOrder(const Order& order, const CostModel& cost) {
+    std::string name;
+    std::optional<Schedule> plain = Try(order, cost, 0, &name);
+    if (!plain) return;
+    if (best && plain->predictions->step_time > best->predictions->step_time * (1 + 1e-9)) {
+      Log(absl::StrFormat("%s: step time %.6g, slower than %s: skipped with its larger shares",
+                          name, plain->predictions->step_time, best_name));
+      return;
+    }
+    LogPlan(name, *plain);
+    if (Fits(*plain)) return Consider(std::move(*plain), name);
+    int low = 1, high = static_cast<int>(std::size(kShares)) - 1;  // high: the fitting candidate
+    std::optional<Schedule> fitting = Try(order, cost, high, &name);
+    if (!fitting) return;
+    LogPlan(name, *fitting);
+    if (!Fits(*fitting)) return;
+    std::string fitting_name = name;
+    while (low < high) {
+      const int mid = (low + high) / 2;
+      std::optional<Schedule> candidate = Try(order, cost, mid, &name);
+      if (!candidate) return;
+      LogPlan(name, *candidate);
+      if (Fits(*candidate)) {
+        high = mid;
+        fitting = std::move(candidate);
+        fitting_name = name;
+      } else {
+        low = mid + 1;
+      }
+    }
+    Consider(*std::move(fitting), fitting_name);
+  }
+
+  // Keeps `schedule` (which fits) when it is faster than the incumbent, or as fast and moves
+  // fewer bytes.
+  void Consider(Schedule schedule, const std::string& name) {
+    const Predictions& p = *schedule.predictions;
+    const Predictions* incumbent = best ? &*best->predictions : nullptr;
+    const bool better =
+        incumbent == nullptr || p.step_time < incumbent->step_time * (1 - 1e-9) ||
+        (p.step_time <= incumbent->step_time * (1 + 1e-9) &&
+         std::make_pair(Offloaded(p), MaxPeak(p)) <
+             std::make_pair(Offloaded(*incumbent), MaxPeak(*incumbent)));
+    if (!better) return;
+    best = std::move(schedule);
+    best_name = name;
+  }
+};
+
+}  // namespace
+
+CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v) {
+  if (from_v == to_v || from_v < 1 || to_v < 1 || !cost.activation_bytes_per_virtual_stage.empty()) {
+    return cost;
+  }
+  CostModel scaled = cost;
+  const double factor = static_cast<double>(from_v) / to_v;
+  scaled.forward_time *= factor;
+  scaled.backward_time *= factor;
+  scaled.weight_time *= factor;
+  scaled.activation_bytes =
+      static_cast<std::int64_t>(std::llround(static_cast<double>(cost.activation_bytes) * factor));
+  return scaled;
+}
+
+absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cost,
+                                  std::vector<std::string>* alternatives) {
+  if (spec.memory_budget_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auto offload needs memory_budget_bytes > 0, the per-stage activation budget in bytes "
+        "(got ",
+        spec.memory_budget_bytes, ")"));
+  }
+  if (spec.chunks_per_stage < 1 || spec.num_stages < 1 || spec.num_microbatches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auto offload needs num_stages, num_microbatches and chunks_per_stage >= 1 (got p=",
+        spec.num_stages, ", m=", spec.num_microbatches, ", v=", spec.chunks_per_stage, ")"));
+  }
+  Search search{spec, alternatives};
+  for (const Order& order : Orders(spec, cost)) {
+    search.TryOrder(order, RechunkedCost(cost, spec.chunks_per_stage, order.v));
+  }
+  if (!search.best) {
+    if (!search.smallest_peak) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "auto offload: no candidate plan compiles; the last error: ", search.last_error));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "auto offload: no plan fits memory_budget_bytes=", spec.memory_budget_bytes,
+        " per stage; the smallest peak found is ", *search.smallest_peak, " bytes (",
+        search.smallest_name, ") among ", search.weighed,
+        " candidates; raise the budget or add stages"));
+  }
+  Schedule& best = *search.best;
+  best.predictions->warnings.push_back(absl::StrFormat(
+      "auto: chose %s (step time %.6g, peak %d <= budget %d bytes per stage) among %d "
+      "candidates",
+      search.best_name, best.predictions->step_time, MaxPeak(*best.predictions),
+      spec.memory_budget_bytes, search.weighed));
+  return std::move(best);
+}
+
+}  // namespace pipeoffload::internal

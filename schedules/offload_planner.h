@@ -16,8 +16,19 @@ namespace pipeoffload::internal {
 // every stage. When `alternatives` is not null, appends one human-readable line per candidate
 // weighed (plan, step time, peak, fits or not). Errors: InvalidArgument for a budget <= 0;
 // ResourceExhausted when no candidate fits, naming the smallest peak found.
+//
+// The cost model describes chunks of spec.chunks_per_stage; a candidate with another v cuts the
+// same layers into v chunks, so it is priced with RechunkedCost(cost, spec v, candidate v), and
+// the returned schedule's predictions come from that model (a caller that simulates or traces
+// the result again must use it too).
 [[nodiscard]] absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cost,
                                                 std::vector<std::string>* alternatives);
+
+// `cost` (for chunks of a stage cut `from_v` ways) re-cut into `to_v` chunks per stage: compute
+// times and activation bytes scale by from_v / to_v; P2P message sizes and bandwidths stay.
+// Returns `cost` unchanged when from_v == to_v, and whenever it holds per-virtual-stage bytes
+// (which only describe their own v; PlanAuto tries no other v then).
+CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v);
 
 }  // namespace pipeoffload::internal
 
