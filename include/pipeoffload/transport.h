@@ -1,0 +1,100 @@
+// Point-to-point messages between pipeline ranks (DESIGN.md section 5): non-blocking Send/Recv
+// of bytes, matched by peer and a tag derived from (kind, mb, chunk), and a pairwise Barrier.
+// Implementations: local (stages as threads of one process) and MPI (ranks of an mpirun job).
+#ifndef PIPEOFFLOAD_TRANSPORT_H_
+#define PIPEOFFLOAD_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pipeoffload {
+
+enum class MessageKind : std::uint8_t {
+  kActivation,  // SEND_F / RECV_F
+  kGrad,        // SEND_B / RECV_B
+  kBarrier,     // BARRIER
+};
+inline constexpr int kNumMessageKinds = 3;
+std::string_view MessageKindName(MessageKind kind);  // "activation", "grad", "barrier"
+
+// What a message carries. `mb` and `chunk` are the RECEIVER's (microbatch, chunk), so both sides
+// derive the same tag; both are >= 0 (a barrier uses 0, 0).
+struct MessageTag {
+  MessageKind kind = MessageKind::kActivation;
+  int mb = 0;
+  int chunk = 0;
+  friend bool operator==(const MessageTag&, const MessageTag&) = default;
+};
+std::string MessageTagToString(const MessageTag& tag);  // "activation(mb 3, chunk 1)"
+
+// A posted Send or Recv. Destroying an unfinished request abandons it: a receive is cancelled;
+// an unfinished send may still read its buffer until the transport is destroyed.
+class TransferRequest {
+ public:
+  virtual ~TransferRequest() = default;
+  // True once the transfer finished: a send's buffer may be reused, a receive's buffer holds
+  // the message. Errors: the transport's, e.g. a size mismatch (InvalidArgument) or a lost peer
+  // (Unavailable); a request that failed keeps returning its error.
+  [[nodiscard]] virtual absl::StatusOr<bool> Test() = 0;
+  // Blocks until Test() would return true. Errors: DeadlineExceeded after `timeout_seconds`
+  // (the request stays posted and may be waited on again), or Test()'s errors.
+  [[nodiscard]] virtual absl::Status Wait(double timeout_seconds) = 0;
+};
+
+// One rank's endpoint. Messages between one (sender, receiver, tag) are matched in the order
+// posted. Thread-compatible: one thread per endpoint.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string Name() const = 0;  // "local", "mpi"
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Starts sending `bytes` bytes at `data` to `peer` and returns at once. `data` must stay valid
+  // and unchanged until the request finishes. Errors: InvalidArgument for a peer out of range or
+  // equal to rank(), a negative size, or a tag the transport cannot encode.
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<TransferRequest>> Send(
+      int peer, const MessageTag& tag, const void* data, std::int64_t bytes) = 0;
+  // Starts receiving exactly `bytes` bytes from `peer` into `data`; `data` must stay valid until
+  // the request finishes. A message of another size fails the request with InvalidArgument.
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<TransferRequest>> Recv(
+      int peer, const MessageTag& tag, void* data, std::int64_t bytes) = 0;
+
+  // Rendezvous with `peer`: returns once `peer` has called Barrier(rank()) as often as this rank
+  // has called Barrier(peer) (the k-th call on each side pair up). Errors: DeadlineExceeded
+  // after `timeout_seconds`, and the Send/Recv errors.
+  [[nodiscard]] virtual absl::Status Barrier(int peer, double timeout_seconds) = 0;
+};
+
+// `num_ranks` endpoints sharing mailboxes keyed by (sender, receiver, tag): rank r is element r.
+// Sends copy the message into the receiver's mailbox and finish at once; endpoints may live on
+// different threads. Errors: InvalidArgument for num_ranks < 1.
+[[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateLocalTransports(
+    int num_ranks);
+
+// MPI transport (target pipeoffload::transport_mpi, built when MPI is found). Host buffers only
+// (Open MPI 4.1 here is not CUDA-aware).
+struct MpiTransportOptions {
+  // Chunks per stage the tags must encode: tag = ((mb * max_chunks + chunk) * 3 + kind), which
+  // must stay below MPI_TAG_UB (checked per message, with an error naming both numbers).
+  int max_chunks = 16;
+  // How long a polling wait sleeps between MPI_Test calls.
+  double poll_interval_seconds = 20e-6;
+};
+
+// A transport over a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN (MPI errors come back as
+// Status with MPI_Error_string's text). Calls MPI_Init_thread when MPI is not initialized yet,
+// and then MPI_Finalize when destroyed. Errors: Unavailable when MPI fails to start,
+// InvalidArgument for bad options.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Transport>> CreateMpiTransport(
+    const MpiTransportOptions& options = {});
+
+}  // namespace pipeoffload
+
+#endif  // PIPEOFFLOAD_TRANSPORT_H_

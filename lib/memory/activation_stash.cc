@@ -1,0 +1,281 @@
+// ActivationStash: the saved activations of each (mb, chunk) on one stage, and their trips to
+// host memory and back. Owns no memory itself: device blocks come from the DeviceArena
+// (category kStash), host slots from the HostPool.
+//
+// Invariants:
+//  States and transitions (any other call on an entry is FailedPrecondition naming the entry
+//  and its state; an entry that does not exist is named as such):
+//    (none)      --Create-------> ON_DEVICE    device block allocated (F)
+//    ON_DEVICE   --StartOffload-> OFFLOADING   host slot taken, D2H enqueued (OFFLOAD)
+//    OFFLOADING  --FinishOffload> ON_HOST      D2H waited for, device block freed (RELEASE)
+//    ON_HOST     --StartReload--> RELOADING    new device block, H2D enqueued (RELOAD)
+//    RELOADING   --FinishReload-> ON_DEVICE    H2D waited for, host slot returned (before B)
+//    ON_DEVICE   --Free---------> (none)       device block freed (B unsplit, or W)
+//  Event protocol (the same on CUDA streams and CPU copy engines):
+//    StartOffload: record `offload_ready` on compute (after the F that wrote the entry); the D2H
+//      queue waits on it, records `offload_begin`, copies, records `offload_done`.
+//    FinishOffload: host-waits `offload_done` before freeing the device copy, because freeing
+//      poisons the block (on the compute queue) and hands it to the next allocation.
+//    StartReload: record `reload_ready` on compute (the new block's previous owner may still be
+//      read by queued compute work); the H2D queue waits on it and on `offload_done` (the host
+//      copy must be complete even if a caller broke the release protocol), records
+//      `reload_begin`, copies, records `reload_done`.
+//    FinishReload: host-waits `reload_done`; only then may B/W read the entry.
+//  Who frees what, when:
+//    the device block: FinishOffload (after the D2H) and Free; the arena poisons it.
+//    the host slot: FinishReload (after the H2D), matching the compiler's host-memory model
+//      (released at the entry's B).
+//    events: returned to spare_events_ at FinishReload or Free, reused by later entries.
+//  Poisoning (arena option): freed blocks are filled with kPoisonWord; Create zero-fills a new
+//    block so that parts F leaves for B to write (split backward) never look poisoned, and
+//    FindPoison can tell a read-after-release from stale bytes.
+//  At iteration end CheckEmpty must find no entry; Clear tears down whatever an error left.
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/memory.h"
+
+namespace pipeoffload {
+namespace {
+
+std::string EntryName(int mb, int chunk) {
+  return absl::StrCat("stash entry (mb ", mb, ", chunk ", chunk, ")");
+}
+
+}  // namespace
+
+std::string_view StashStateName(StashState state) {
+  switch (state) {
+    case StashState::kOnDevice:
+      return "ON_DEVICE";
+    case StashState::kOffloading:
+      return "OFFLOADING";
+    case StashState::kOnHost:
+      return "ON_HOST";
+    case StashState::kReloading:
+      return "RELOADING";
+  }
+  return "?";
+}
+
+ActivationStash::ActivationStash(Backend& backend, DeviceArena& arena, HostPool& host_pool,
+                                 const ActivationStashOptions& options)
+    : backend_(backend), arena_(arena), host_pool_(host_pool), options_(options) {}
+
+ActivationStash::~ActivationStash() {
+  constexpr double kTeardownWaitSeconds = 5.0;
+  Clear(kTeardownWaitSeconds);
+  for (const Event& event : spare_events_) backend_.DestroyEvent(event);
+}
+
+absl::StatusOr<ActivationStash::Entry*> ActivationStash::Find(int mb, int chunk,
+                                                              std::string_view action) {
+  auto it = entries_.find(Key(mb, chunk));
+  if (it == entries_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(EntryName(mb, chunk), " does not exist; ", std::string(action), " needs one"));
+  }
+  return &it->second;
+}
+
+absl::Status ActivationStash::Expect(const Entry& entry, int mb, int chunk, StashState state,
+                                     std::string_view action) const {
+  if (entry.state == state) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(EntryName(mb, chunk), " is ",
+                                                    std::string(StashStateName(entry.state)), "; ", std::string(action),
+                                                    " needs it ", std::string(StashStateName(state))));
+}
+
+absl::StatusOr<Event> ActivationStash::TakeEvent() {
+  if (!spare_events_.empty()) {
+    const Event event = spare_events_.back();
+    spare_events_.pop_back();
+    return event;
+  }
+  return backend_.CreateEvent();
+}
+
+void ActivationStash::ReturnEvents(Entry& entry) {
+  for (std::optional<Event>* event : {&entry.offload_ready, &entry.offload_begin,
+                                      &entry.offload_done, &entry.reload_ready,
+                                      &entry.reload_begin, &entry.reload_done}) {
+    if (event->has_value()) spare_events_.push_back(**event);
+    event->reset();
+  }
+}
+
+absl::Status ActivationStash::FreeDevice(Entry& entry) {
+  if (entry.device == nullptr) return absl::OkStatus();
+  void* device = entry.device;
+  entry.device = nullptr;
+  --device_entries_;
+  device_bytes_ -= entry.bytes;
+  return arena_.Free(device);
+}
+
+absl::StatusOr<void*> ActivationStash::Create(int mb, int chunk, std::int64_t bytes) {
+  if (auto it = entries_.find(Key(mb, chunk)); it != entries_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(EntryName(mb, chunk), " already exists (",
+                                                      std::string(StashStateName(it->second.state)),
+                                                      "); Create needs a new entry"));
+  }
+  absl::StatusOr<void*> device = arena_.Allocate(bytes, MemoryCategory::kStash);
+  if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
+  if (arena_.poison_on_free()) {
+    PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
+                                          arena_.AlignedSize(bytes)));
+  }
+  Entry& entry = entries_[Key(mb, chunk)];
+  entry.bytes = bytes;
+  entry.device = *device;
+  ++device_entries_;
+  device_bytes_ += bytes;
+  return *device;
+}
+
+absl::StatusOr<void*> ActivationStash::DeviceData(int mb, int chunk) const {
+  auto it = entries_.find(Key(mb, chunk));
+  if (it == entries_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(EntryName(mb, chunk), " does not exist; reading it needs ON_DEVICE"));
+  }
+  PO_RETURN_IF_ERROR(Expect(it->second, mb, chunk, StashState::kOnDevice, "reading it"));
+  return it->second.device;
+}
+
+absl::Status ActivationStash::StartOffload(int mb, int chunk) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "StartOffload (OFFLOAD)"));
+  PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnDevice, "StartOffload (OFFLOAD)"));
+  absl::StatusOr<HostSlot> slot = host_pool_.Acquire(entry->bytes);
+  if (!slot.ok()) return Annotate(slot.status(), EntryName(mb, chunk));
+  entry->host = *slot;
+  entry->state = StashState::kOffloading;
+  PO_ASSIGN_OR_RETURN(entry->offload_ready, TakeEvent());
+  PO_ASSIGN_OR_RETURN(entry->offload_begin, TakeEvent());
+  PO_ASSIGN_OR_RETURN(entry->offload_done, TakeEvent());
+  const Queue d2h = backend_.queue(QueueKind::kD2H);
+  PO_RETURN_IF_ERROR(
+      backend_.RecordEvent(*entry->offload_ready, backend_.queue(QueueKind::kCompute)));
+  PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(d2h, *entry->offload_ready));
+  PO_RETURN_IF_ERROR(backend_.RecordEvent(*entry->offload_begin, d2h));
+  PO_RETURN_IF_ERROR(backend_.CopyAsync(d2h, entry->host.data, entry->device, entry->bytes));
+  return backend_.RecordEvent(*entry->offload_done, d2h);
+}
+
+absl::Status ActivationStash::FinishOffload(int mb, int chunk, double timeout_seconds) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "FinishOffload (RELEASE)"));
+  PO_RETURN_IF_ERROR(
+      Expect(*entry, mb, chunk, StashState::kOffloading, "FinishOffload (RELEASE)"));
+  if (!options_.unsafe_release_without_wait) {
+    absl::Status waited = backend_.WaitEvent(*entry->offload_done, timeout_seconds);
+    if (!waited.ok()) {
+      return Annotate(waited, absl::StrCat(EntryName(mb, chunk), ": D2H copy of ", entry->bytes,
+                                           " bytes not finished"));
+    }
+  }
+  entry->state = StashState::kOnHost;
+  return FreeDevice(*entry);
+}
+
+absl::Status ActivationStash::StartReload(int mb, int chunk) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "StartReload (RELOAD)"));
+  PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnHost, "StartReload (RELOAD)"));
+  absl::StatusOr<void*> device = arena_.Allocate(entry->bytes, MemoryCategory::kStash);
+  if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
+  entry->device = *device;
+  ++device_entries_;
+  device_bytes_ += entry->bytes;
+  entry->state = StashState::kReloading;
+  PO_ASSIGN_OR_RETURN(entry->reload_ready, TakeEvent());
+  PO_ASSIGN_OR_RETURN(entry->reload_begin, TakeEvent());
+  PO_ASSIGN_OR_RETURN(entry->reload_done, TakeEvent());
+  const Queue h2d = backend_.queue(QueueKind::kH2D);
+  PO_RETURN_IF_ERROR(
+      backend_.RecordEvent(*entry->reload_ready, backend_.queue(QueueKind::kCompute)));
+  PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(h2d, *entry->reload_ready));
+  PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(h2d, *entry->offload_done));
+  PO_RETURN_IF_ERROR(backend_.RecordEvent(*entry->reload_begin, h2d));
+  PO_RETURN_IF_ERROR(backend_.CopyAsync(h2d, entry->device, entry->host.data, entry->bytes));
+  return backend_.RecordEvent(*entry->reload_done, h2d);
+}
+
+absl::StatusOr<StashTransferTimes> ActivationStash::FinishReload(int mb, int chunk,
+                                                                 double timeout_seconds) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "FinishReload (before B)"));
+  PO_RETURN_IF_ERROR(
+      Expect(*entry, mb, chunk, StashState::kReloading, "FinishReload (before B)"));
+  absl::Status waited = backend_.WaitEvent(*entry->reload_done, timeout_seconds);
+  if (!waited.ok()) {
+    return Annotate(waited, absl::StrCat(EntryName(mb, chunk), ": H2D copy of ", entry->bytes,
+                                         " bytes not finished"));
+  }
+  StashTransferTimes times;
+  PO_ASSIGN_OR_RETURN(times.offload_start, backend_.EventTime(*entry->offload_begin));
+  PO_ASSIGN_OR_RETURN(times.offload_end, backend_.EventTime(*entry->offload_done));
+  PO_ASSIGN_OR_RETURN(times.reload_start, backend_.EventTime(*entry->reload_begin));
+  PO_ASSIGN_OR_RETURN(times.reload_end, backend_.EventTime(*entry->reload_done));
+  PO_RETURN_IF_ERROR(host_pool_.Release(entry->host));
+  entry->host = HostSlot{};
+  ReturnEvents(*entry);
+  entry->state = StashState::kOnDevice;
+  return times;
+}
+
+absl::Status ActivationStash::Free(int mb, int chunk) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "Free (B or W)"));
+  PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnDevice, "Free (B or W)"));
+  absl::Status freed = FreeDevice(*entry);
+  ReturnEvents(*entry);
+  entries_.erase(Key(mb, chunk));
+  return freed;
+}
+
+absl::Status ActivationStash::CheckEmpty() const {
+  if (entries_.empty()) return absl::OkStatus();
+  std::string left;
+  for (const auto& [key, entry] : entries_) {
+    absl::StrAppend(&left, left.empty() ? "" : ", ", "(mb ", key.first, ", chunk ", key.second,
+                    ") ", std::string(StashStateName(entry.state)));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "activation stash not empty at iteration end: ", entries_.size(), " entries left: ", left));
+}
+
+void ActivationStash::Clear(double timeout_seconds) {
+  for (auto& [key, entry] : entries_) {
+    // Best effort: a copy still in flight would otherwise write into memory handed to the next
+    // owner. A failed wait is ignored, because Clear runs after an error has been reported.
+    if (entry.state == StashState::kOffloading) {
+      backend_.WaitEvent(*entry.offload_done, timeout_seconds).IgnoreError();
+    }
+    if (entry.state == StashState::kReloading) {
+      backend_.WaitEvent(*entry.reload_done, timeout_seconds).IgnoreError();
+    }
+    FreeDevice(entry).IgnoreError();
+    if (entry.host.index >= 0) host_pool_.Release(entry.host).IgnoreError();
+    ReturnEvents(entry);
+  }
+  entries_.clear();
+}
+
+absl::StatusOr<std::int64_t> ActivationStash::FindPoison(int mb, int chunk) const {
+  PO_ASSIGN_OR_RETURN(void* device, DeviceData(mb, chunk));
+  if (!arena_.poison_on_free() || !backend_.DeviceMemoryIsHostAccessible()) return -1;
+  const std::int64_t bytes = entries_.at(Key(mb, chunk)).bytes;
+  const auto* words = static_cast<const std::uint32_t*>(device);
+  for (std::int64_t i = 0; i < bytes / 4; ++i) {
+    if (words[i] == kPoisonWord) return i * 4;
+  }
+  return -1;
+}
+
+std::optional<StashState> ActivationStash::State(int mb, int chunk) const {
+  auto it = entries_.find(Key(mb, chunk));
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.state;
+}
+
+}  // namespace pipeoffload

@@ -1,0 +1,599 @@
+// The executor: one stage's StageProgram per Run, op by op, in program order.
+//
+// Invariants:
+//  - Ops are issued strictly in program order on the calling thread. The only concurrency is
+//    the backend's copy engines and the peers behind the transport, reached through events and
+//    requests; every wait on them is bounded by the watchdog.
+//  - Buffers: every P2P buffer is an arena block (category kP2P) with exactly one owner at a
+//    time: a posted receive (receives_) until the op that consumes it (F or B) takes it and
+//    frees it after the model call; an F output / B input-gradient (activations_ / grads_)
+//    until its SEND posts it (sends_) or, when p = 1, the next local chunk consumes it; a send
+//    until its request finishes. Stash entries belong to the ActivationStash.
+//  - Memory accounting follows program order, as the compiler models it: the stash grows at F
+//    and RELOAD and shrinks at RELEASE and at B (unsplit) / W (split). RELEASE waits for the D2H
+//    copy before freeing, so the measured stash high-water equals the predicted peak exactly.
+//  - Events: before a send posts a buffer written by compute, compute_done_ is recorded on the
+//    compute queue and host-waited (a no-op on the CPU backend, required on asynchronous ones).
+//    The stash owns the copy events (activation_stash.cc).
+//  - End of Run: no receive, unsent output, send, stash entry or host slot may remain; after an
+//    error Reset frees everything the iteration held, so Run can be called again.
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "lib/runtime/program_check.h"
+#include "lib/runtime/watchdog.h"
+#include "pipeoffload/runtime.h"
+
+namespace pipeoffload {
+namespace {
+
+using internal::Placement;
+using Key = std::pair<int, int>;  // (mb, chunk)
+
+Engine EngineOf(OpKind kind) {
+  switch (kind) {
+    case OpKind::kForward:
+    case OpKind::kBackward:
+    case OpKind::kBackwardWeight:
+      return Engine::kCompute;
+    case OpKind::kSendActivation:
+    case OpKind::kSendGrad:
+      return Engine::kSend;
+    case OpKind::kRecvActivation:
+    case OpKind::kRecvGrad:
+      return Engine::kRecv;
+    case OpKind::kOffload:
+      return Engine::kD2H;
+    case OpKind::kReload:
+      return Engine::kH2D;
+    default:
+      return Engine::kNone;
+  }
+}
+
+class StageExecutor final : public Executor {
+ public:
+  StageExecutor(const PipelineSpec& spec, const StageProgram& program, StageModel& model,
+                Backend& backend, DeviceArena& arena, Transport& transport,
+                const ExecutorOptions& options, std::unique_ptr<HostPool> host_pool,
+                Event compute_done)
+      : spec_(spec),
+        program_(program),
+        place_{spec.num_stages, spec.chunks_per_stage},
+        stage_(program.stage),
+        model_(model),
+        backend_(backend),
+        arena_(arena),
+        transport_(transport),
+        options_(options),
+        watchdog_(program.stage, options.wait_timeout_seconds),
+        host_pool_(std::move(host_pool)),
+        stash_(backend, arena, *host_pool_, options.stash),
+        compute_done_(compute_done) {
+    for (int chunk = 0; chunk < spec.chunks_per_stage; ++chunk) {
+      saved_bytes_.push_back(model.SavedBytes(chunk, spec.split_backward));
+    }
+    boundary_bytes_ = model.BoundaryBytes();
+  }
+
+  ~StageExecutor() override {
+    Reset();
+    backend_.DestroyEvent(compute_done_);
+  }
+
+  absl::StatusOr<IterationStats> Run() override;
+  const HostPool& host_pool() const override { return *host_pool_; }
+
+ private:
+  struct Message {
+    std::unique_ptr<TransferRequest> request;
+    void* buffer = nullptr;  // arena P2P block, freed once the message is done with
+    int op_index = -1;
+    bool finished = false;
+  };
+  using RecvKey = std::tuple<bool, int, int>;  // (is_grad, mb, chunk)
+
+  absl::Status RunOp(int index, const Op& op);
+  absl::Status Forward(int index, const Op& op);
+  absl::Status Backward(int index, const Op& op);
+  absl::Status BackwardWeight(int index, const Op& op);
+  absl::Status Send(int index, const Op& op);
+  absl::Status Recv(int index, const Op& op);
+  absl::Status Release(int index, const Op& op);
+  absl::Status Barrier(int index, const Op& op);
+  absl::StatusOr<void*> TakeInput(int index, const Op& op, bool activation);
+  absl::StatusOr<void*> ReadyEntry(int index, const Op& op);
+  absl::StatusOr<void*> AllocateP2P(int index, const Op& op);
+  absl::Status CallModel(int index, const absl::Status& result);
+  void Poll();
+  absl::Status Finish();
+  void Reset();
+  void SampleMemory();
+  void Time(int index, double start, double end);
+  double Now() const { return backend_.NowSeconds(); }
+  std::string Where(int index, const Op& op) const { return watchdog_.Where(op, index); }
+
+  const PipelineSpec spec_;
+  const StageProgram program_;
+  const Placement place_;
+  const int stage_;
+  StageModel& model_;
+  Backend& backend_;
+  DeviceArena& arena_;
+  Transport& transport_;
+  const ExecutorOptions options_;
+  const internal::Watchdog watchdog_;
+  std::unique_ptr<HostPool> host_pool_;
+  ActivationStash stash_;
+  const Event compute_done_;
+  std::vector<std::int64_t> saved_bytes_;  // per chunk
+  std::int64_t boundary_bytes_ = 0;
+
+  // Per-iteration state.
+  IterationStats stats_;
+  std::map<RecvKey, Message> receives_;
+  std::vector<Message> sends_;
+  std::map<Key, void*> activations_;  // F outputs not yet sent / consumed
+  std::map<Key, void*> grads_;        // B input gradients not yet sent / consumed
+  std::map<Key, int> offload_ops_;    // op index of each entry's OFFLOAD, for its timing
+  std::map<Key, int> reload_ops_;
+};
+
+void StageExecutor::Time(int index, double start, double end) {
+  TimedOp& timed = stats_.ops[static_cast<std::size_t>(index)];
+  timed.start = start;
+  timed.end = end;
+}
+
+void StageExecutor::SampleMemory() {
+  stats_.memory.push_back(MemorySample{Now(), stash_.device_bytes(), stash_.device_entries()});
+  stats_.stash_high_water_entries =
+      std::max<std::int64_t>(stats_.stash_high_water_entries, stash_.device_entries());
+}
+
+absl::StatusOr<void*> StageExecutor::AllocateP2P(int index, const Op& op) {
+  absl::StatusOr<void*> buffer = arena_.Allocate(boundary_bytes_, MemoryCategory::kP2P);
+  if (!buffer.ok()) return Annotate(buffer.status(), Where(index, op));
+  return buffer;
+}
+
+absl::Status StageExecutor::CallModel(int index, const absl::Status& result) {
+  if (result.ok()) return result;
+  const Op& op = program_.ops[static_cast<std::size_t>(index)];
+  return Annotate(result, absl::StrCat(Where(index, op), ": StageModel"));
+}
+
+absl::StatusOr<void*> StageExecutor::TakeInput(int index, const Op& op, bool activation) {
+  const int l = place_.virtual_stage(stage_, op.chunk);
+  if (activation ? l == 0 : l == place_.num_virtual_stages() - 1) return nullptr;
+  const int producer = activation ? l - 1 : l + 1;
+  auto it = receives_.find(RecvKey(!activation, op.mb, op.chunk));
+  if (it != receives_.end()) {
+    Message& message = it->second;
+    if (!message.finished) {
+      const double start = Now();
+      const absl::Status waited = message.request->Wait(watchdog_.timeout_seconds());
+      stats_.wait_seconds += Now() - start;
+      const Op& recv_op = program_.ops[static_cast<std::size_t>(message.op_index)];
+      PO_RETURN_IF_ERROR(watchdog_.Check(waited, recv_op, op, index));
+      message.finished = true;
+      stats_.ops[static_cast<std::size_t>(message.op_index)].end = Now();
+    }
+    void* buffer = message.buffer;
+    receives_.erase(it);
+    return buffer;
+  }
+  if (place_.stage_of(producer) == stage_) {
+    // p = 1: the neighbouring virtual stage is a chunk of this stage; no message is involved.
+    std::map<Key, void*>& local = activation ? activations_ : grads_;
+    auto produced = local.find(Key(op.mb, place_.chunk_of(producer)));
+    if (produced == local.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Where(index, op), ": its input comes from ", activation ? "F" : "B", op.mb, ".",
+          place_.chunk_of(producer), " on this stage, which has not run"));
+    }
+    void* buffer = produced->second;
+    local.erase(produced);
+    return buffer;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      Where(index, op), ": no ", activation ? "RECV_F" : "RECV_B", op.mb, ".", op.chunk, "<-",
+      place_.stage_of(producer), " was posted before it, so its input never arrives"));
+}
+
+absl::StatusOr<void*> StageExecutor::ReadyEntry(int index, const Op& op) {
+  const Key key(op.mb, op.chunk);
+  if (stash_.State(op.mb, op.chunk) == StashState::kReloading) {
+    const double start = Now();
+    absl::StatusOr<StashTransferTimes> times =
+        stash_.FinishReload(op.mb, op.chunk, watchdog_.timeout_seconds());
+    stats_.wait_seconds += Now() - start;
+    const Op reload{OpKind::kReload, op.mb, op.chunk, -1};
+    PO_RETURN_IF_ERROR(watchdog_.Check(times.status(), reload, op, index));
+    if (auto it = offload_ops_.find(key); it != offload_ops_.end()) {
+      Time(it->second, times->offload_start, times->offload_end);
+    }
+    if (auto it = reload_ops_.find(key); it != reload_ops_.end()) {
+      Time(it->second, times->reload_start, times->reload_end);
+    }
+  }
+  absl::StatusOr<void*> saved = stash_.DeviceData(op.mb, op.chunk);
+  if (!saved.ok()) return Annotate(saved.status(), Where(index, op));
+  absl::StatusOr<std::int64_t> poison = stash_.FindPoison(op.mb, op.chunk);
+  if (!poison.ok()) return Annotate(poison.status(), Where(index, op));
+  if (*poison >= 0) {
+    return absl::DataLossError(absl::StrCat(
+        Where(index, op), ": stash entry (mb ", op.mb, ", chunk ", op.chunk,
+        ") holds the poison pattern at byte ", *poison, " of ",
+        saved_bytes_[static_cast<std::size_t>(op.chunk)],
+        ": it reads memory released before its data was safe (a premature RELEASE or a missing "
+        "wait on the D2H copy)"));
+  }
+  return saved;
+}
+
+absl::Status StageExecutor::Forward(int index, const Op& op) {
+  const bool last = place_.virtual_stage(stage_, op.chunk) == place_.num_virtual_stages() - 1;
+  PO_ASSIGN_OR_RETURN(void* input, TakeInput(index, op, /*activation=*/true));
+  void* output = nullptr;
+  const absl::Status status = [&]() -> absl::Status {
+    if (!last) {
+      PO_ASSIGN_OR_RETURN(output, AllocateP2P(index, op));
+    }
+    absl::StatusOr<void*> saved =
+        stash_.Create(op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)]);
+    if (!saved.ok()) return Annotate(saved.status(), Where(index, op));
+    SampleMemory();
+    const double start = Now();
+    const absl::Status computed = model_.Forward(op.mb, op.chunk, input, output, *saved);
+    const double end = Now();
+    Time(index, start, end);
+    stats_.compute_seconds += end - start;
+    return CallModel(index, computed);
+  }();
+  // The input buffer was ours from TakeInput on; the arena cannot refuse its own block.
+  if (input != nullptr) arena_.Free(input).IgnoreError();
+  if (!status.ok()) {
+    if (output != nullptr) arena_.Free(output).IgnoreError();
+    return status;
+  }
+  if (output != nullptr) activations_[Key(op.mb, op.chunk)] = output;
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Backward(int index, const Op& op) {
+  const bool first = place_.virtual_stage(stage_, op.chunk) == 0;
+  PO_ASSIGN_OR_RETURN(void* grad_output, TakeInput(index, op, /*activation=*/false));
+  void* grad_input = nullptr;
+  const absl::Status status = [&]() -> absl::Status {
+    PO_ASSIGN_OR_RETURN(void* saved, ReadyEntry(index, op));
+    if (!first) {
+      PO_ASSIGN_OR_RETURN(grad_input, AllocateP2P(index, op));
+    }
+    const double start = Now();
+    const absl::Status computed =
+        model_.Backward(op.mb, op.chunk, grad_output, grad_input, saved,
+                        /*with_weight_grad=*/!spec_.split_backward);
+    const double end = Now();
+    Time(index, start, end);
+    stats_.compute_seconds += end - start;
+    PO_RETURN_IF_ERROR(CallModel(index, computed));
+    if (spec_.split_backward) return absl::OkStatus();  // W frees the entry
+    PO_RETURN_IF_ERROR(Annotate(stash_.Free(op.mb, op.chunk), Where(index, op)));
+    SampleMemory();
+    return absl::OkStatus();
+  }();
+  if (grad_output != nullptr) arena_.Free(grad_output).IgnoreError();
+  if (!status.ok()) {
+    if (grad_input != nullptr) arena_.Free(grad_input).IgnoreError();
+    return status;
+  }
+  if (grad_input != nullptr) grads_[Key(op.mb, op.chunk)] = grad_input;
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::BackwardWeight(int index, const Op& op) {
+  PO_ASSIGN_OR_RETURN(void* saved, ReadyEntry(index, op));
+  const double start = Now();
+  const absl::Status status = model_.BackwardWeight(op.mb, op.chunk, saved);
+  const double end = Now();
+  Time(index, start, end);
+  stats_.compute_seconds += end - start;
+  PO_RETURN_IF_ERROR(CallModel(index, status));
+  PO_RETURN_IF_ERROR(Annotate(stash_.Free(op.mb, op.chunk), Where(index, op)));
+  SampleMemory();
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Send(int index, const Op& op) {
+  const bool activation = op.kind == OpKind::kSendActivation;
+  std::map<Key, void*>& outputs = activation ? activations_ : grads_;
+  auto it = outputs.find(Key(op.mb, op.chunk));
+  if (it == outputs.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(index, op), ": it sends the output of ", activation ? "F" : "B", op.mb, ".",
+        op.chunk, ", which has not run on this stage or was already sent"));
+  }
+  void* buffer = it->second;
+  outputs.erase(it);
+  const int l = place_.virtual_stage(stage_, op.chunk);
+  const MessageTag tag{activation ? MessageKind::kActivation : MessageKind::kGrad, op.mb,
+                       place_.chunk_of(activation ? l + 1 : l - 1)};
+  // The transport reads the buffer from the host: compute work that wrote it must be done.
+  absl::Status status = backend_.RecordEvent(compute_done_, backend_.queue(QueueKind::kCompute));
+  if (status.ok()) {
+    status = watchdog_.Check(backend_.WaitEvent(compute_done_, watchdog_.timeout_seconds()), op,
+                             op, index);
+  }
+  absl::StatusOr<std::unique_ptr<TransferRequest>> request =
+      status.ok() ? transport_.Send(op.peer, tag, buffer, boundary_bytes_)
+                  : absl::StatusOr<std::unique_ptr<TransferRequest>>(status);
+  if (!request.ok()) {
+    arena_.Free(buffer).IgnoreError();
+    return status.ok() ? Annotate(request.status(), Where(index, op)) : status;
+  }
+  stats_.ops[static_cast<std::size_t>(index)].start = Now();
+  sends_.push_back(Message{std::move(*request), buffer, index, false});
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Recv(int index, const Op& op) {
+  const bool activation = op.kind == OpKind::kRecvActivation;
+  const RecvKey key(!activation, op.mb, op.chunk);
+  if (receives_.count(key) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(index, op), ": posted again before its data was consumed"));
+  }
+  PO_ASSIGN_OR_RETURN(void* buffer, AllocateP2P(index, op));
+  const MessageTag tag{activation ? MessageKind::kActivation : MessageKind::kGrad, op.mb,
+                       op.chunk};
+  absl::StatusOr<std::unique_ptr<TransferRequest>> request =
+      transport_.Recv(op.peer, tag, buffer, boundary_bytes_);
+  if (!request.ok()) {
+    arena_.Free(buffer).IgnoreError();
+    return Annotate(request.status(), Where(index, op));
+  }
+  stats_.ops[static_cast<std::size_t>(index)].start = Now();
+  receives_[key] = Message{std::move(*request), buffer, index, false};
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Release(int index, const Op& op) {
+  const double start = Now();
+  const absl::Status status =
+      stash_.FinishOffload(op.mb, op.chunk, watchdog_.timeout_seconds());
+  const double end = Now();
+  stats_.wait_seconds += end - start;
+  const Op offload{OpKind::kOffload, op.mb, op.chunk, -1};
+  PO_RETURN_IF_ERROR(watchdog_.Check(status, offload, op, index));
+  Time(index, start, end);
+  SampleMemory();
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Barrier(int index, const Op& op) {
+  const double start = Now();
+  const absl::Status status = transport_.Barrier(op.peer, watchdog_.timeout_seconds());
+  const double end = Now();
+  stats_.wait_seconds += end - start;
+  PO_RETURN_IF_ERROR(watchdog_.Check(status, op, op, index));
+  Time(index, start, end);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::RunOp(int index, const Op& op) {
+  const Key key(op.mb, op.chunk);
+  switch (op.kind) {
+    case OpKind::kForward:
+      return Forward(index, op);
+    case OpKind::kBackward:
+      return Backward(index, op);
+    case OpKind::kBackwardWeight:
+      return BackwardWeight(index, op);
+    case OpKind::kSendActivation:
+    case OpKind::kSendGrad:
+      return Send(index, op);
+    case OpKind::kRecvActivation:
+    case OpKind::kRecvGrad:
+      return Recv(index, op);
+    case OpKind::kOffload: {
+      const double now = Now();
+      PO_RETURN_IF_ERROR(Annotate(stash_.StartOffload(op.mb, op.chunk), Where(index, op)));
+      Time(index, now, now);  // replaced by the copy's own times once it has finished
+      offload_ops_[key] = index;
+      stats_.offloaded_bytes += saved_bytes_[static_cast<std::size_t>(op.chunk)];
+      return absl::OkStatus();
+    }
+    case OpKind::kRelease:
+      return Release(index, op);
+    case OpKind::kReload: {
+      const double now = Now();
+      PO_RETURN_IF_ERROR(Annotate(stash_.StartReload(op.mb, op.chunk), Where(index, op)));
+      Time(index, now, now);
+      reload_ops_[key] = index;
+      stats_.reloaded_bytes += saved_bytes_[static_cast<std::size_t>(op.chunk)];
+      SampleMemory();
+      return absl::OkStatus();
+    }
+    case OpKind::kBarrier:
+      return Barrier(index, op);
+  }
+  return absl::InternalError(absl::StrCat(Where(index, op), ": unknown op kind"));
+}
+
+void StageExecutor::Poll() {
+  // Finished transfers get their end time now rather than when someone waits for them, and
+  // finished sends give their buffers back early. Errors surface at the wait.
+  for (auto& [key, message] : receives_) {
+    if (message.finished) continue;
+    absl::StatusOr<bool> done = message.request->Test();
+    if (done.ok() && *done) {
+      message.finished = true;
+      stats_.ops[static_cast<std::size_t>(message.op_index)].end = Now();
+    }
+  }
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    absl::StatusOr<bool> done = it->request->Test();
+    if (done.ok() && *done) {
+      stats_.ops[static_cast<std::size_t>(it->op_index)].end = Now();
+      arena_.Free(it->buffer).IgnoreError();
+      it = sends_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status StageExecutor::Finish() {
+  while (!sends_.empty()) {
+    Message& send = sends_.back();
+    const Op& op = program_.ops[static_cast<std::size_t>(send.op_index)];
+    const double start = Now();
+    const absl::Status waited = send.request->Wait(watchdog_.timeout_seconds());
+    stats_.wait_seconds += Now() - start;
+    PO_RETURN_IF_ERROR(watchdog_.Check(waited, op, op, send.op_index));
+    stats_.ops[static_cast<std::size_t>(send.op_index)].end = Now();
+    arena_.Free(send.buffer).IgnoreError();
+    sends_.pop_back();
+  }
+  std::string left;
+  for (const auto& [key, message] : receives_) {
+    absl::StrAppend(&left, left.empty() ? "" : ", ",
+                    OpToString(program_.ops[static_cast<std::size_t>(message.op_index)]),
+                    " (received, never consumed)");
+  }
+  for (const auto& [key, buffer] : activations_) {
+    absl::StrAppend(&left, left.empty() ? "" : ", ", "output of F", key.first, ".", key.second,
+                    " (never sent)");
+  }
+  for (const auto& [key, buffer] : grads_) {
+    absl::StrAppend(&left, left.empty() ? "" : ", ", "input gradient of B", key.first, ".",
+                    key.second, " (never sent)");
+  }
+  if (!left.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", stage_, ": P2P buffers left at iteration end: ", left));
+  }
+  PO_RETURN_IF_ERROR(Annotate(stash_.CheckEmpty(), absl::StrCat("stage ", stage_)));
+  if (host_pool_->slots_in_use() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", stage_, ": ", host_pool_->slots_in_use(),
+        " host pool slots still in use at iteration end"));
+  }
+  return absl::OkStatus();
+}
+
+void StageExecutor::Reset() {
+  // Requests first: destroying an unfinished receive cancels it before its buffer is freed.
+  for (auto& [key, message] : receives_) {
+    message.request.reset();
+    arena_.Free(message.buffer).IgnoreError();
+  }
+  receives_.clear();
+  for (Message& message : sends_) {
+    message.request.reset();
+    arena_.Free(message.buffer).IgnoreError();
+  }
+  sends_.clear();
+  for (auto* outputs : {&activations_, &grads_}) {
+    for (const auto& [key, buffer] : *outputs) arena_.Free(buffer).IgnoreError();
+    outputs->clear();
+  }
+  stash_.Clear(watchdog_.timeout_seconds());
+  offload_ops_.clear();
+  reload_ops_.clear();
+}
+
+absl::StatusOr<IterationStats> StageExecutor::Run() {
+  stats_ = IterationStats{};
+  stats_.stage = stage_;
+  stats_.ops.resize(program_.ops.size());
+  for (std::size_t i = 0; i < program_.ops.size(); ++i) {
+    const Op& op = program_.ops[i];
+    TimedOp& timed = stats_.ops[i];
+    timed.stage = stage_;
+    timed.index = static_cast<int>(i);
+    timed.op = op;
+    timed.engine = EngineOf(op.kind);
+    if (IsP2P(op.kind)) timed.bytes = boundary_bytes_;
+    if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
+      timed.bytes = saved_bytes_[static_cast<std::size_t>(op.chunk)];
+    }
+  }
+  arena_.ResetHighWater();
+  host_pool_->ResetHighWater();
+  stats_.start_time = Now();
+  SampleMemory();
+  for (std::size_t i = 0; i < program_.ops.size(); ++i) {
+    absl::Status status = RunOp(static_cast<int>(i), program_.ops[i]);
+    if (!status.ok()) {
+      Reset();
+      return status;
+    }
+    Poll();
+  }
+  if (absl::Status status = Finish(); !status.ok()) {
+    Reset();
+    return status;
+  }
+  stats_.end_time = Now();
+  stats_.stash_high_water_bytes = arena_.Usage(MemoryCategory::kStash).high_water_bytes;
+  stats_.p2p_high_water_bytes = arena_.Usage(MemoryCategory::kP2P).high_water_bytes;
+  stats_.other_high_water_bytes = arena_.Usage(MemoryCategory::kOther).high_water_bytes;
+  stats_.host_high_water_bytes = host_pool_->high_water_bytes();
+  return std::move(stats_);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
+    const PipelineSpec& spec, const StageProgram& program, StageModel& model, Backend& backend,
+    DeviceArena& arena, Transport& transport, const ExecutorOptions& options) {
+  if (spec.num_stages != transport.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "executor: the schedule has ", spec.num_stages, " stages but the ", transport.Name(),
+        " transport connects ", transport.size(), " ranks; run one rank per stage"));
+  }
+  if (program.stage != transport.rank()) {
+    return absl::FailedPreconditionError(absl::StrCat("executor: the program of stage ",
+                                                      program.stage, " was given to rank ",
+                                                      transport.rank()));
+  }
+  if (!(options.wait_timeout_seconds > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor: wait_timeout_seconds must be positive, got ", options.wait_timeout_seconds));
+  }
+  if (!backend.DeviceMemoryIsHostAccessible()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "executor: the ", backend.Name(),
+        " backend's device memory is not host-accessible, and staging P2P buffers through host "
+        "memory is not implemented yet"));
+  }
+  PO_ASSIGN_OR_RETURN(const internal::ProgramNeeds needs,
+                      internal::CheckStageProgram(spec, program, model, arena.alignment()));
+  const std::int64_t usable = arena.budget_bytes() / arena.alignment() * arena.alignment();
+  const std::int64_t free_bytes = usable - arena.reserved_bytes();
+  if (needs.stash_peak_aligned_bytes > free_bytes) {
+    const Op& peak_op = program.ops[static_cast<std::size_t>(needs.stash_peak_op)];
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "executor: stage ", program.stage, ": the program's activation stash peaks at ",
+        needs.stash_peak_bytes, " bytes (", needs.stash_peak_aligned_bytes, " with the arena's ",
+        arena.alignment(), "-byte alignment) at op ", needs.stash_peak_op, " (",
+        OpToString(peak_op), "), but the device arena has ", free_bytes, " bytes free (budget ",
+        arena.budget_bytes(), ", ", arena.reserved_bytes(),
+        " held by other users); raise the budget or offload more"));
+  }
+  PO_ASSIGN_OR_RETURN(std::unique_ptr<HostPool> host_pool,
+                      HostPool::Create(backend, needs.host_slots));
+  PO_ASSIGN_OR_RETURN(const Event compute_done, backend.CreateEvent());
+  return std::unique_ptr<Executor>(new StageExecutor(spec, program, model, backend, arena,
+                                                     transport, options, std::move(host_pool),
+                                                     compute_done));
+}
+
+}  // namespace pipeoffload

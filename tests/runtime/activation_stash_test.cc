@@ -1,0 +1,245 @@
+// ActivationStash: the state machine (every illegal transition from every state), byte-exact
+// round trips through host memory under copy delays, poisoning of released memory, and the
+// end-of-iteration checks.
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipeoffload/backend.h"
+#include "pipeoffload/memory.h"
+#include "tests/testing/catch.h"
+
+namespace pipeoffload {
+namespace {
+
+constexpr double kTimeout = 10.0;
+constexpr std::int64_t kBytes = 1000;
+
+struct Fixture {
+  explicit Fixture(const CpuBackendOptions& backend_options = {},
+                   const ActivationStashOptions& stash_options = {}) {
+    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend(backend_options);
+    REQUIRE(created.ok());
+    backend = std::move(*created);
+    DeviceArenaOptions arena_options;
+    arena_options.budget_bytes = 1 << 16;
+    arena_options.poison_on_free = true;
+    absl::StatusOr<std::unique_ptr<DeviceArena>> made_arena =
+        DeviceArena::Create(*backend, arena_options);
+    REQUIRE(made_arena.ok());
+    arena = std::move(*made_arena);
+    absl::StatusOr<std::unique_ptr<HostPool>> made_pool =
+        HostPool::Create(*backend, {{kBytes, 2}});
+    REQUIRE(made_pool.ok());
+    pool = std::move(*made_pool);
+    stash = std::make_unique<ActivationStash>(*backend, *arena, *pool, stash_options);
+  }
+  ~Fixture() { stash.reset(); }
+
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceArena> arena;
+  std::unique_ptr<HostPool> pool;
+  std::unique_ptr<ActivationStash> stash;
+};
+
+enum class Action { kCreate, kRead, kStartOffload, kFinishOffload, kStartReload, kFinishReload,
+                    kFree };
+
+const char* ActionName(Action action) {
+  switch (action) {
+    case Action::kCreate: return "Create";
+    case Action::kRead: return "DeviceData";
+    case Action::kStartOffload: return "StartOffload";
+    case Action::kFinishOffload: return "FinishOffload";
+    case Action::kStartReload: return "StartReload";
+    case Action::kFinishReload: return "FinishReload";
+    case Action::kFree: return "Free";
+  }
+  return "?";
+}
+
+absl::Status Do(ActivationStash& stash, Action action, int mb, int chunk) {
+  switch (action) {
+    case Action::kCreate: return stash.Create(mb, chunk, kBytes).status();
+    case Action::kRead: return stash.DeviceData(mb, chunk).status();
+    case Action::kStartOffload: return stash.StartOffload(mb, chunk);
+    case Action::kFinishOffload: return stash.FinishOffload(mb, chunk, kTimeout);
+    case Action::kStartReload: return stash.StartReload(mb, chunk);
+    case Action::kFinishReload: return stash.FinishReload(mb, chunk, kTimeout).status();
+    case Action::kFree: return stash.Free(mb, chunk);
+  }
+  return absl::InternalError("unreachable");
+}
+
+// Drives entry (mb 1, chunk 0) into `state` along the legal path.
+void BringTo(ActivationStash& stash, StashState state) {
+  REQUIRE(Do(stash, Action::kCreate, 1, 0).ok());
+  if (state == StashState::kOnDevice) return;
+  REQUIRE(Do(stash, Action::kStartOffload, 1, 0).ok());
+  if (state == StashState::kOffloading) return;
+  REQUIRE(Do(stash, Action::kFinishOffload, 1, 0).ok());
+  if (state == StashState::kOnHost) return;
+  REQUIRE(Do(stash, Action::kStartReload, 1, 0).ok());
+}
+
+bool Legal(StashState state, Action action) {
+  switch (state) {
+    case StashState::kOnDevice:
+      return action == Action::kRead || action == Action::kStartOffload || action == Action::kFree;
+    case StashState::kOffloading:
+      return action == Action::kFinishOffload;
+    case StashState::kOnHost:
+      return action == Action::kStartReload;
+    case StashState::kReloading:
+      return action == Action::kFinishReload;
+  }
+  return false;
+}
+
+TEST_CASE("stash rejects every illegal transition, naming entry and state", "[runtime][stash]") {
+  const StashState state = GENERATE(StashState::kOnDevice, StashState::kOffloading,
+                                    StashState::kOnHost, StashState::kReloading);
+  const Action action = GENERATE(Action::kCreate, Action::kRead, Action::kStartOffload,
+                                 Action::kFinishOffload, Action::kStartReload,
+                                 Action::kFinishReload, Action::kFree);
+  if (Legal(state, action)) return;
+  Fixture f;
+  BringTo(*f.stash, state);
+  const absl::Status status = Do(*f.stash, action, 1, 0);
+  const std::string message(status.message());
+  INFO(StashStateName(state) << " + " << ActionName(action) << ": " << message);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(message.find("stash entry (mb 1, chunk 0)") != std::string::npos);
+  CHECK(message.find(std::string(StashStateName(state))) != std::string::npos);
+  // A rejected call changes nothing.
+  CHECK(f.stash->State(1, 0) == state);
+}
+
+TEST_CASE("stash rejects every call on an entry that does not exist", "[runtime][stash]") {
+  const Action action = GENERATE(Action::kRead, Action::kStartOffload, Action::kFinishOffload,
+                                 Action::kStartReload, Action::kFinishReload, Action::kFree);
+  Fixture f;
+  REQUIRE(Do(*f.stash, Action::kCreate, 1, 0).ok());
+  const absl::Status status = Do(*f.stash, action, 2, 1);
+  INFO(ActionName(action) << ": " << status.message());
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(status.message()).find("stash entry (mb 2, chunk 1) does not exist") !=
+        std::string::npos);
+}
+
+TEST_CASE("stash round trip keeps every byte under copy delays", "[runtime][stash]") {
+  CpuBackendOptions delays;
+  delays.min_copy_delay_seconds = 0.0;
+  delays.max_copy_delay_seconds = 0.02;
+  delays.fault_seed = GENERATE(1u, 2u, 3u);
+  Fixture f(delays);
+  std::vector<unsigned char> pattern(kBytes);
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<unsigned char>(i * 7);
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    absl::StatusOr<void*> device = f.stash->Create(0, 0, kBytes);
+    REQUIRE(device.ok());
+    std::memcpy(*device, pattern.data(), pattern.size());
+    CHECK(f.stash->device_bytes() == kBytes);
+    REQUIRE(f.stash->StartOffload(0, 0).ok());
+    CHECK(f.stash->State(0, 0) == StashState::kOffloading);
+    REQUIRE(f.stash->FinishOffload(0, 0, kTimeout).ok());
+    CHECK(f.stash->State(0, 0) == StashState::kOnHost);
+    CHECK(f.stash->device_bytes() == 0);
+    CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+    CHECK(f.pool->slots_in_use() == 1);
+    // The released device copy is poisoned.
+    CHECK(*static_cast<std::uint32_t*>(*device) == kPoisonWord);
+    REQUIRE(f.stash->StartReload(0, 0).ok());
+    CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kBytes);
+    absl::StatusOr<StashTransferTimes> times = f.stash->FinishReload(0, 0, kTimeout);
+    REQUIRE(times.ok());
+    CHECK(times->offload_start <= times->offload_end);
+    CHECK(times->offload_end <= times->reload_start);
+    CHECK(times->reload_start <= times->reload_end);
+    CHECK(f.pool->slots_in_use() == 0);
+    absl::StatusOr<void*> back = f.stash->DeviceData(0, 0);
+    REQUIRE(back.ok());
+    CHECK(std::memcmp(*back, pattern.data(), pattern.size()) == 0);
+    CHECK(*f.stash->FindPoison(0, 0) == -1);
+    REQUIRE(f.stash->Free(0, 0).ok());
+    REQUIRE(f.stash->CheckEmpty().ok());
+  }
+  CHECK(f.backend->Stats().bytes_d2h == 3 * kBytes);
+  CHECK(f.backend->Stats().bytes_h2d == 3 * kBytes);
+  CHECK(f.backend->Stats().device_allocations == 1);
+}
+
+TEST_CASE("poisoning exposes a release that does not wait for its D2H copy",
+          "[runtime][stash][poison]") {
+  // Every copy sleeps 50 ms first, so a release that does not wait frees (and poisons) the
+  // device copy before the D2H engine has read it.
+  CpuBackendOptions delays;
+  delays.min_copy_delay_seconds = 0.05;
+  delays.max_copy_delay_seconds = 0.05;
+  const bool wait = GENERATE(true, false);
+  ActivationStashOptions stash_options;
+  stash_options.unsafe_release_without_wait = !wait;
+  Fixture f(delays, stash_options);
+  absl::StatusOr<void*> device = f.stash->Create(3, 1, kBytes);
+  REQUIRE(device.ok());
+  std::memset(*device, 0x11, kBytes);
+  REQUIRE(f.stash->StartOffload(3, 1).ok());
+  REQUIRE(f.stash->FinishOffload(3, 1, kTimeout).ok());
+  REQUIRE(f.stash->StartReload(3, 1).ok());
+  REQUIRE(f.stash->FinishReload(3, 1, kTimeout).ok());
+  absl::StatusOr<std::int64_t> poison = f.stash->FindPoison(3, 1);
+  REQUIRE(poison.ok());
+  INFO("wait for D2H before release: " << wait);
+  CHECK(*poison == (wait ? -1 : 0));
+  REQUIRE(f.stash->Free(3, 1).ok());
+}
+
+TEST_CASE("stash zero-fills new entries so untouched bytes never look poisoned",
+          "[runtime][stash][poison]") {
+  Fixture f;
+  absl::StatusOr<void*> first = f.stash->Create(0, 0, kBytes);
+  REQUIRE(first.ok());
+  REQUIRE(f.stash->Free(0, 0).ok());  // the block is now poisoned
+  absl::StatusOr<void*> second = f.stash->Create(1, 0, kBytes);
+  REQUIRE(second.ok());
+  CHECK(*second == *first);  // first fit hands the same block back
+  CHECK(*f.stash->FindPoison(1, 0) == -1);
+  REQUIRE(f.stash->Free(1, 0).ok());
+}
+
+TEST_CASE("stash lists what is left at iteration end and clears after errors",
+          "[runtime][stash]") {
+  Fixture f;
+  REQUIRE(f.stash->Create(0, 0, kBytes).ok());
+  REQUIRE(f.stash->Create(1, 0, kBytes).ok());
+  REQUIRE(f.stash->StartOffload(1, 0).ok());
+  REQUIRE(f.stash->FinishOffload(1, 0, kTimeout).ok());
+  const absl::Status left = f.stash->CheckEmpty();
+  CHECK(left.code() == absl::StatusCode::kFailedPrecondition);
+  const std::string message(left.message());
+  INFO(message);
+  CHECK(message.find("2 entries left: (mb 0, chunk 0) ON_DEVICE, (mb 1, chunk 0) ON_HOST") !=
+        std::string::npos);
+  f.stash->Clear(kTimeout);
+  CHECK(f.stash->size() == 0);
+  CHECK(f.stash->CheckEmpty().ok());
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+  CHECK(f.pool->slots_in_use() == 0);
+}
+
+TEST_CASE("stash reports a full host pool and a full arena with the entry", "[runtime][stash]") {
+  Fixture f;
+  for (int mb = 0; mb < 3; ++mb) REQUIRE(f.stash->Create(mb, 0, kBytes).ok());
+  REQUIRE(f.stash->StartOffload(0, 0).ok());
+  REQUIRE(f.stash->StartOffload(1, 0).ok());
+  const absl::Status full = f.stash->StartOffload(2, 0);  // the pool has two slots
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(full.message()).find("stash entry (mb 2, chunk 0)") != std::string::npos);
+  const absl::Status huge = f.stash->Create(9, 0, 1 << 20).status();
+  CHECK(huge.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(huge.message()).find("stash entry (mb 9, chunk 0)") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipeoffload

@@ -1,0 +1,174 @@
+// MPI transport, run under `mpirun -np N` (N >= 2; CTest runs N = 2, label mpi): tagged
+// messages, sizes, timeouts, the MPI_TAG_UB check, barriers, and the executor over MPI giving
+// the same bits as the single-process reference (and so as the local transport).
+//
+// Every rank runs every test case in the same order; a case that talks ends with a barrier on
+// the world so a failure on one rank cannot leave the other waiting on a later case's message.
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "pipeoffload/compiler.h"
+#include "pipeoffload/runtime.h"
+#include "pipeoffload/transport.h"
+#include "tests/runtime/hand_schedules.h"
+#include "tests/runtime/toy_model.h"
+#include "tests/testing/catch.h"
+
+namespace pipeoffload {
+namespace {
+
+using testing::ToyConfig;
+using testing::ToyReference;
+using testing::ToyStageModel;
+
+constexpr double kTimeout = 20.0;
+
+// One transport for the whole process: MPI can be initialized only once, and the transport
+// finalizes it when destroyed at exit.
+Transport& World() {
+  static std::unique_ptr<Transport> world = [] {
+    absl::StatusOr<std::unique_ptr<Transport>> created = CreateMpiTransport();
+    if (!created.ok()) {
+      std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+      std::abort();
+    }
+    return std::move(*created);
+  }();
+  return *world;
+}
+
+// Pairs up with every other rank (0 <-> r), so all ranks leave together.
+void SyncAll() {
+  Transport& world = World();
+  if (world.rank() == 0) {
+    for (int r = 1; r < world.size(); ++r) REQUIRE(world.Barrier(r, kTimeout).ok());
+  } else {
+    REQUIRE(world.Barrier(0, kTimeout).ok());
+  }
+}
+
+TEST_CASE("mpi transport matches messages by tag", "[mpi]") {
+  Transport& world = World();
+  REQUIRE(world.size() >= 2);
+  CHECK(world.Name() == "mpi");
+  if (world.rank() == 0) {
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int> data(8, i + 1);
+      auto sent = world.Send(1, MessageTag{MessageKind::kActivation, i, 1}, data.data(), 32);
+      REQUIRE(sent.ok());
+      REQUIRE((*sent)->Wait(kTimeout).ok());
+    }
+  } else if (world.rank() == 1) {
+    for (int i = 2; i >= 0; --i) {  // the reverse order of sending
+      std::vector<int> data(8, 0);
+      auto received = world.Recv(0, MessageTag{MessageKind::kActivation, i, 1}, data.data(), 32);
+      REQUIRE(received.ok());
+      REQUIRE((*received)->Wait(kTimeout).ok());
+      CHECK(data == std::vector<int>(8, i + 1));
+    }
+  }
+  SyncAll();
+}
+
+TEST_CASE("mpi transport reports a short message and a timeout", "[mpi]") {
+  Transport& world = World();
+  if (world.rank() == 0) {
+    std::vector<int> data(3, 7);
+    auto sent = world.Send(1, MessageTag{MessageKind::kGrad, 4, 0}, data.data(), 12);
+    REQUIRE(sent.ok());
+    REQUIRE((*sent)->Wait(kTimeout).ok());
+  } else if (world.rank() == 1) {
+    std::vector<int> data(4, 0);
+    auto received = world.Recv(0, MessageTag{MessageKind::kGrad, 4, 0}, data.data(), 16);
+    REQUIRE(received.ok());
+    const absl::Status status = (*received)->Wait(kTimeout);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(status.message()).find("expected 16 bytes, the message has 12") !=
+          std::string::npos);
+    auto never = world.Recv(0, MessageTag{MessageKind::kGrad, 99, 0}, data.data(), 16);
+    REQUIRE(never.ok());
+    const absl::Status late = (*never)->Wait(0.2);
+    CHECK(late.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(std::string(late.message()).find("receive of grad(mb 99, chunk 0) from rank 0") !=
+          std::string::npos);
+  }
+  SyncAll();
+}
+
+TEST_CASE("mpi transport refuses tags above MPI_TAG_UB and bad peers", "[mpi]") {
+  Transport& world = World();
+  int x = 0;
+  const int peer = world.rank() == 0 ? 1 : 0;
+  const absl::Status big =
+      world.Send(peer, MessageTag{MessageKind::kGrad, 1 << 28, 0}, &x, 4).status();
+  CHECK(big.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(big.message()).find("MPI_TAG_UB") != std::string::npos);
+  CHECK(world.Send(world.size(), MessageTag{}, &x, 4).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(world.Recv(world.rank(), MessageTag{}, &x, 4).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  SyncAll();
+}
+
+// Runs this rank's stage of `schedule` over MPI and checks its gradients against the
+// single-process reference bit for bit.
+void RunStageOverMpi(const Schedule& schedule, std::int64_t predicted_peak) {
+  Transport& world = World();
+  const int d = world.rank();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  REQUIRE(backend.ok());
+  DeviceArenaOptions arena_options;
+  arena_options.budget_bytes = 1 << 20;
+  arena_options.poison_on_free = true;
+  absl::StatusOr<std::unique_ptr<DeviceArena>> arena =
+      DeviceArena::Create(**backend, arena_options);
+  REQUIRE(arena.ok());
+  const PipelineSpec& spec = schedule.spec;
+  const ToyConfig config{spec.num_stages, spec.chunks_per_stage, spec.num_microbatches, 64, 0};
+  ToyStageModel model(config, d);
+  ExecutorOptions options;
+  options.wait_timeout_seconds = kTimeout;
+  absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(
+      spec, schedule.stages[static_cast<std::size_t>(d)], model, **backend, **arena, world,
+      options);
+  INFO(executor.status().ToString());
+  REQUIRE(executor.ok());
+  absl::StatusOr<IterationStats> stats = (*executor)->Run();
+  INFO(stats.status().ToString());
+  REQUIRE(stats.ok());
+  if (predicted_peak >= 0) CHECK(stats->stash_high_water_bytes == predicted_peak);
+  const auto reference = ToyReference(config);
+  for (int c = 0; c < spec.chunks_per_stage; ++c) {
+    CAPTURE(c);
+    CHECK(model.grads(c) == reference[static_cast<std::size_t>(c * spec.num_stages + d)]);
+  }
+}
+
+TEST_CASE("the executor over MPI matches the reference bit for bit", "[mpi][executor]") {
+  Transport& world = World();
+  const int p = world.size();
+  std::vector<std::set<int>> offload(static_cast<std::size_t>(p));
+  offload[0] = {0, 1};
+  RunStageOverMpi(testing::Hand1F1B(p, 2 * p, /*split=*/false, offload), -1);
+  SyncAll();
+
+  PipelineSpec spec;
+  spec.num_stages = p;
+  spec.num_microbatches = 2 * p;
+  spec.offload = OffloadPolicy::kFull;
+  CostModel cost = UnitCostModel(0.5);
+  cost.activation_bytes = ToyStageModel(ToyConfig{p, 1, 2 * p, 64, 0}, 0).SavedBytes(0, false);
+  cost.boundary_bytes = 4 * 64;
+  absl::StatusOr<Schedule> compiled = Compile(spec, cost);
+  INFO(compiled.status().ToString());
+  REQUIRE(compiled.ok());
+  RunStageOverMpi(*compiled,
+                  compiled->predictions->stages[static_cast<std::size_t>(world.rank())].peak_bytes);
+  SyncAll();
+}
+
+}  // namespace
+}  // namespace pipeoffload

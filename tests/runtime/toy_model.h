@@ -1,0 +1,111 @@
+// A toy StageModel with real arithmetic for the runtime tests, its single-process reference,
+// and a harness that runs a schedule's stages on threads with the CPU backend and the local
+// transport.
+//
+// Virtual stage l holds parameters a_l, b_l (width n) and computes y = a_l * x + b_l
+// elementwise; the last virtual stage's loss is 0.5 * sum(y^2), so its output gradient is y.
+// Backward: dx = a * dy; weight gradients ga += dy * x, gb += dy, accumulated per microbatch.
+// The stash entry holds a stamp (mb, chunk, magic), x, dy when the backward is split (B leaves
+// it for W), and `extra_words(chunk)` words of a pattern B checks, so every byte of the entry
+// must survive offload and reload.
+#ifndef PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
+#define PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "pipeoffload/backend.h"
+#include "pipeoffload/memory.h"
+#include "pipeoffload/runtime.h"
+#include "pipeoffload/schedule.h"
+#include "pipeoffload/stage_model.h"
+
+namespace pipeoffload::testing {
+
+struct ToyConfig {
+  int num_stages = 2;
+  int chunks_per_stage = 1;
+  int num_microbatches = 2;
+  int width = 64;  // n, floats per boundary activation
+  // Extra words saved per chunk: chunk c saves extra_words * (c + 1), so chunks differ in size.
+  int extra_words = 0;
+};
+
+// Parameter gradients of one virtual stage.
+struct ToyGrads {
+  std::vector<float> a;
+  std::vector<float> b;
+  friend bool operator==(const ToyGrads&, const ToyGrads&) = default;
+};
+
+class ToyStageModel final : public StageModel {
+ public:
+  ToyStageModel(const ToyConfig& config, int stage);
+
+  std::int64_t SavedBytes(int chunk, bool split_backward) const override;
+  std::int64_t BoundaryBytes() const override;
+  absl::Status Forward(int mb, int chunk, const void* input, void* output, void* saved) override;
+  absl::Status Backward(int mb, int chunk, const void* grad_output, void* grad_input,
+                        void* saved, bool with_weight_grad) override;
+  absl::Status BackwardWeight(int mb, int chunk, void* saved) override;
+
+  // Gradients of chunk c (virtual stage c * p + stage).
+  const ToyGrads& grads(int chunk) const { return grads_[static_cast<std::size_t>(chunk)]; }
+  // Loss of each microbatch (last virtual stage only, else zeros).
+  const std::vector<float>& losses() const { return losses_; }
+
+ private:
+  int VirtualStage(int chunk) const { return chunk * config_.num_stages + stage_; }
+  std::int64_t Words(int chunk, bool split) const;
+  absl::Status CheckStamp(int mb, int chunk, const float* saved, bool split) const;
+
+  const ToyConfig config_;
+  const int stage_;
+  std::vector<std::vector<float>> a_, b_;  // [chunk][n]
+  std::vector<ToyGrads> grads_;            // [chunk]
+  std::vector<float> losses_;              // [mb]
+};
+
+// The microbatch's input on virtual stage 0 and the parameters of virtual stage l.
+float ToyInput(int mb, int i);
+float ToyParamA(int l, int i);
+float ToyParamB(int l, int i);
+
+// Runs every microbatch through all virtual stages in one process: F of all virtual stages,
+// then B in reverse, microbatch by microbatch (the order of gradient accumulation every
+// pipeline schedule keeps per chunk). Returns the gradients per virtual stage.
+std::vector<ToyGrads> ToyReference(const ToyConfig& config);
+
+struct HarnessOptions {
+  std::int64_t arena_budget_bytes = 1 << 20;
+  bool poison = true;
+  CpuBackendOptions backend;
+  ExecutorOptions executor;
+  int iterations = 1;
+  int extra_words = 0;
+  int width = 64;
+};
+
+struct StageOutcome {
+  absl::Status status;  // Create's or the first failing Run's
+  std::vector<IterationStats> iterations;
+  std::vector<ToyGrads> grads;  // [chunk], after the last iteration
+  BackendStats backend_stats;
+  std::int64_t host_pool_capacity = 0;
+  std::int64_t arena_in_use_after = 0;  // requested bytes of every category after the run
+};
+
+// Runs `schedule` with one thread per stage (own CPU backend, arena, toy model and executor,
+// one local transport). Gradients accumulate over iterations.
+std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
+                                         const HarnessOptions& options);
+
+// Gradients of all virtual stages, indexed by virtual stage, from the stages' outcomes.
+std::vector<ToyGrads> GradsByVirtualStage(const std::vector<StageOutcome>& outcomes,
+                                          int num_stages, int chunks_per_stage);
+
+}  // namespace pipeoffload::testing
+
+#endif  // PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
