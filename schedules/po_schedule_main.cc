@@ -33,17 +33,23 @@ absl::Status WriteOutput(const CliOptions& options, const std::string& text) {
   return absl::OkStatus();
 }
 
+ReportUnits Units(const CliOptions& options) {
+  return {options.unit_costs, options.cost.activation_bytes};
+}
+
 // Renders a schedule that carries predictions in the requested format.
-absl::StatusOr<std::string> Render(const CliOptions& options, const Schedule& schedule) {
+// `cost` is the model the schedule was planned with (auto may re-cut the chunks).
+absl::StatusOr<std::string> Render(const CliOptions& options, const Schedule& schedule,
+                                   const CostModel& cost) {
   const std::string& format = options.format;
-  if (format == "table") return FormatScheduleTable(schedule, {options.unit_costs});
+  if (format == "table") return FormatScheduleTable(schedule, Units(options));
   if (format == "text") return ScheduleToText(schedule);
   if (format == "json") return ScheduleToJson(schedule);
   if (format == "pytorch-csv") return ScheduleToPyTorchCsv(schedule, CsvFlavor::kComputeOnly);
   if (format == "pytorch-csv-comms") {
     return ScheduleToPyTorchCsv(schedule, CsvFlavor::kComputeComms);
   }
-  PO_ASSIGN_OR_RETURN(const Timeline timeline, Simulate(schedule, options.cost));
+  PO_ASSIGN_OR_RETURN(const Timeline timeline, Simulate(schedule, cost));
   return TimelineToTraceJson(schedule, timeline, options.unit_costs ? 1000.0 : 1e6);
 }
 
@@ -64,7 +70,9 @@ absl::Status RunCompile(const CliOptions& options) {
           : Compile(options.spec, options.cost);
   for (const std::string& line : alternatives) std::fprintf(stderr, "auto: %s\n", line.c_str());
   PO_RETURN_IF_ERROR(schedule.status());
-  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, *schedule));
+  const CostModel cost = internal::RechunkedCost(options.cost, options.spec.chunks_per_stage,
+                                                 schedule->spec.chunks_per_stage);
+  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, *schedule, cost));
   return WriteOutput(options, text);
 }
 
@@ -74,17 +82,23 @@ absl::Status RunCompare(const CliOptions& options) {
   baseline.offload = OffloadPolicy::kNone;
   baseline.chunks_per_stage = 1;
   std::int64_t auto_budget = 0;
-  if (absl::StatusOr<Schedule> base = Compile(baseline, options.cost); base.ok()) {
+  if (absl::StatusOr<Schedule> base = Compile(
+          baseline, internal::RechunkedCost(options.cost, options.spec.chunks_per_stage, 1));
+      base.ok()) {
     for (const StagePrediction& s : base->predictions->stages) {
       auto_budget = std::max(auto_budget, s.peak_bytes / 2);
     }
   }
+  // The cost model describes one chunk at the spec's v; rows with another v cut the same layers
+  // differently, so every row prices the same model.
+  const int cost_v = options.spec.chunks_per_stage;
   std::vector<ComparisonRow> rows = ComparisonRows(options.spec, auto_budget);
   for (ComparisonRow& row : rows) {
     std::fprintf(stderr, "po-schedule: compiling %s\n", row.label.c_str());
-    row.result = Compile(row.spec, options.cost);
+    row.result = Compile(
+        row.spec, internal::RechunkedCost(options.cost, cost_v, row.spec.chunks_per_stage));
   }
-  return WriteOutput(options, FormatComparison(rows, {options.unit_costs}));
+  return WriteOutput(options, FormatComparison(rows, Units(options)));
 }
 
 absl::Status RunImport(const CliOptions& options) {
@@ -101,7 +115,7 @@ absl::Status RunImport(const CliOptions& options) {
     PO_ASSIGN_OR_RETURN(schedule, LowerCommunication(schedule));
   }
   PO_ASSIGN_OR_RETURN(schedule, CheckAndPredict(std::move(schedule), options.cost));
-  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, schedule));
+  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, schedule, options.cost));
   return WriteOutput(options, text);
 }
 
@@ -112,7 +126,7 @@ absl::Status RunValidate(const CliOptions& options) {
   PO_ASSIGN_OR_RETURN(const Schedule schedule,
                       CheckAndPredict(*std::move(parsed), options.cost));
   std::fprintf(stderr, "po-schedule: %s is a valid schedule\n", options.input.c_str());
-  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, schedule));
+  PO_ASSIGN_OR_RETURN(const std::string text, Render(options, schedule, options.cost));
   return WriteOutput(options, text);
 }
 

@@ -50,9 +50,11 @@ std::string Bytes(std::int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
 }
 
-// Peak memory in the table's unit: chunk units for unit costs, GiB otherwise.
-std::string Peak(std::int64_t units_value, std::int64_t bytes, ReportUnits units) {
-  return units.unit_costs ? absl::StrCat(units_value) : Bytes(bytes);
+// Memory in the table's unit: chunk units for unit costs, GiB otherwise.
+std::string Memory(std::int64_t bytes, ReportUnits units) {
+  if (!units.unit_costs) return Bytes(bytes);
+  return absl::StrFormat("%.3g", static_cast<double>(bytes) /
+                                     static_cast<double>(std::max<std::int64_t>(1, units.unit_bytes)));
 }
 
 std::string Percent(double ratio) { return absl::StrFormat("%.1f%%", ratio * 100); }
@@ -82,9 +84,9 @@ std::string FormatScheduleTable(const Schedule& schedule, ReportUnits units) {
     const StagePrediction& s = pred.stages[d];
     const std::size_t ops = d < schedule.stages.size() ? schedule.stages[d].ops.size() : 0;
     rows.push_back({absl::StrCat(d), absl::StrCat(ops), Time(s.busy_time, units),
-                    Peak(s.peak_units, s.peak_bytes, units),
-                    Peak(s.peak_units_without_offload, s.peak_bytes_without_offload, units),
-                    Bytes(s.host_bytes), Bytes(s.offloaded_bytes)});
+                    Memory(s.peak_bytes, units),
+                    Memory(s.peak_bytes_without_offload, units),
+                    Memory(s.host_bytes, units), Memory(s.offloaded_bytes, units)});
   }
   absl::StrAppend(&out, RenderTable({"stage", "ops", "busy", "peak", "peak w/o offload",
                                      "host", "offloaded"},
@@ -124,6 +126,7 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
   automatic.spec.chunks_per_stage = base.chunks_per_stage;
   if (automatic.spec.memory_budget_bytes <= 0) automatic.spec.memory_budget_bytes = auto_budget_bytes;
   automatic.label = absl::StrCat("auto (budget ", Bytes(automatic.spec.memory_budget_bytes), ")");
+  if (base.memory_budget_bytes <= 0) automatic.label = "auto (budget: half the 1f1b peak)";
   rows.push_back(std::move(automatic));
   return rows;
 }
@@ -154,14 +157,13 @@ std::string FormatComparison(const std::vector<ComparisonRow>& rows, ReportUnits
     }
     const Schedule& schedule = *row.result;
     const Predictions& pred = *schedule.predictions;
-    std::int64_t max_units = 0, max_bytes = 0, max_host = 0, offloaded = 0;
+    std::int64_t max_bytes = 0, max_host = 0, offloaded = 0;
     Row stage_row = {row.label};
     for (const StagePrediction& s : pred.stages) {
-      max_units = std::max(max_units, s.peak_units);
       max_bytes = std::max(max_bytes, s.peak_bytes);
       max_host = std::max(max_host, s.host_bytes);
       offloaded += s.offloaded_bytes;
-      stage_row.push_back(Peak(s.peak_units, s.peak_bytes, units));
+      stage_row.push_back(Memory(s.peak_bytes, units));
     }
     num_stages = std::max(num_stages, pred.stages.size());
     per_stage.push_back(std::move(stage_row));
@@ -172,8 +174,8 @@ std::string FormatComparison(const std::vector<ComparisonRow>& rows, ReportUnits
                                                            : "-",
          Time(pred.step_time, units),
          baseline > 0 ? absl::StrFormat("%+.1f%%", (pred.step_time / baseline - 1) * 100) : "-",
-         Percent(pred.bubble_ratio), Peak(first.peak_units, first.peak_bytes, units),
-         Peak(max_units, max_bytes, units), Bytes(max_host), Bytes(offloaded),
+         Percent(pred.bubble_ratio), Memory(first.peak_bytes, units),
+         Memory(max_bytes, units), Memory(max_host, units), Memory(offloaded, units),
          absl::StrCat(pred.collisions)});
     for (const std::string& warning : pred.warnings) {
       absl::StrAppend(&notes, row.label, ": warning: ", warning, "\n");

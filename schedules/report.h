@@ -3,6 +3,7 @@
 #ifndef PIPEOFFLOAD_SCHEDULES_REPORT_H_
 #define PIPEOFFLOAD_SCHEDULES_REPORT_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,10 +12,11 @@
 
 namespace pipeoffload::cli {
 
-// How to print times and memory: unit costs print times in units and memory in chunk units,
-// otherwise milliseconds and GiB.
+// How to print times and memory: unit costs print times in units and memory in units of one
+// chunk's activation at the cost model's v (`unit_bytes`), otherwise milliseconds and GiB.
 struct ReportUnits {
   bool unit_costs = false;
+  std::int64_t unit_bytes = 1;
 };
 
 // Spec line, step time, bubble, collisions, then one row per stage: ops, busy time, peak with
