@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "pipeoffload/compiler.h"
+#include "pipeoffload/runtime.h"
 
 int main() {
   pipeoffload::PipelineSpec spec;
@@ -20,6 +21,11 @@ int main() {
                    static_cast<long long>(stages[d].peak_units), 4 - d);
       return 1;
     }
+  }
+  // The runtime's library links too: the executor's measured-timeline helper rejects empty input.
+  if (pipeoffload::MeasuredTimeline({}).ok()) {
+    std::fprintf(stderr, "MeasuredTimeline accepted no stages\n");
+    return 1;
   }
   std::printf("consumer: compiled %zu stage programs\n", schedule->stages.size());
   return 0;
