@@ -1,0 +1,20 @@
+// gpt_train built without MPI: the MPI group is unavailable and says so (the local group and the
+// single-process reference still work).
+#include "absl/status/status.h"
+#include "examples/gpt/train_group.h"
+
+namespace pipeoffload::gpt {
+
+bool MpiAvailable() { return false; }
+
+absl::StatusOr<std::unique_ptr<TrainGroup>> CreateMpiTrainGroup(double /*timeout_seconds*/) {
+  return absl::UnimplementedError(
+      "gpt_train was built without MPI (configure with MPI installed and -DPO_WITH_MPI=ON); use "
+      "--transport local to run the stages as threads");
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateMpiStageTransport(int /*max_chunks*/) {
+  return absl::UnimplementedError("gpt_train was built without MPI");
+}
+
+}  // namespace pipeoffload::gpt

@@ -1,0 +1,74 @@
+// gpt_train's command line: every flag, its parsing and its help text, and the PipelineSpec the
+// flags ask for. Pure functions of the arguments; no I/O (the schedule file is read elsewhere).
+#ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_OPTIONS_H_
+#define PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "examples/gpt/gpt_config.h"
+#include "pipeoffload/schedule.h"
+
+namespace pipeoffload::gpt {
+
+// How the ranks are laid out (--transport).
+enum class TrainTransport : std::uint8_t {
+  kAuto,       // "auto": MPI when started by mpirun, else the single-process reference
+  kMpi,        // "mpi": one rank per stage, ranks of an mpirun job
+  kLocal,      // "local": every stage a thread of this process
+  kReference,  // "reference": no pipeline, ReferenceTrainer (F then B per microbatch)
+};
+
+struct TrainOptions {
+  GptConfig config;          // model shape, m (--microbatches), seed, tied head, AdamW
+  std::int64_t steps = 500;  // about a minute on 2 cores with 4 ranks
+  std::string data_path;     // empty: the embedded synthetic corpus
+  TrainTransport transport = TrainTransport::kAuto;
+
+  // The pipeline. `schedule` is --schedule as given ("" when absent); `family` is --family.
+  std::string schedule;
+  std::string family;
+  int stages = 0;      // 0: the MPI world size (mpi), 4 (local), the file's (with --schedule-file)
+  int chunks = 0;      // 0: 1 for 1f1b, else 2
+  int group_size = 0;  // 0: the family's default
+  bool split_backward = false;
+  double offload_fraction = 0.0;
+  int offload_chunks = 0;
+  std::string schedule_file;  // run this schedule (JSON) instead of compiling one
+
+  // The runtime.
+  std::int64_t arena_bytes = 0;    // per-stage device arena budget; 0 = fitted to the plan
+  double watchdog_seconds = 60.0;  // bound on every wait (runtime, side channel)
+  bool poison = false;             // fill released arena memory with NaN (catches misuse)
+  std::string trace_path;          // measured Perfetto trace of the last step
+
+  // Flags given explicitly, to tell a default from a request that conflicts with a file.
+  bool stages_given = false;
+  bool chunks_given = false;
+  bool microbatches_given = false;
+  bool split_given = false;
+
+  bool help = false;  // --help: print TrainHelpText() and exit 0
+};
+
+// Parses argv[1..]. Errors: InvalidArgument naming the flag, what it expects and what it got
+// (unknown flag, missing value, bad number, bad choice, conflicting flags).
+[[nodiscard]] absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args);
+
+// The --help text: every flag with its meaning and default, and examples.
+std::string TrainHelpText();
+
+// "auto", "mpi", "local", "reference".
+std::string TrainTransportName(TrainTransport transport);
+
+// The spec the flags ask for on `num_stages` stages (family, v, g, split, offload policy;
+// m from config.num_microbatches). Checked by ResolveSpec (the compiler's own messages, e.g.
+// "interleaved needs num_microbatches % num_stages == 0"), prefixed with the flags' names.
+[[nodiscard]] absl::StatusOr<PipelineSpec> TrainSpec(const TrainOptions& options, int num_stages);
+
+}  // namespace pipeoffload::gpt
+
+#endif  // PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_OPTIONS_H_

@@ -1,0 +1,73 @@
+// How gpt_train gets the schedule it runs: the cost model built from the model's exact sizes,
+// compiling (or loading and re-simulating a --schedule-file), the checks that the schedule fits
+// the job, and the default arena budget. Pure functions of their inputs, except
+// LoadScheduleFile, which reads one file.
+#ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_PLAN_H_
+#define PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_PLAN_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "examples/gpt/train_options.h"
+#include "pipeoffload/cost_model.h"
+#include "pipeoffload/schedule.h"
+
+namespace pipeoffload::gpt {
+
+// The cost model the compiler plans with. Bytes are the model's own: saved_bytes has p * v
+// entries (StageModel::SavedBytes of chunk c on stage d at index c * p + d), so the predicted
+// stash peak of every stage is exactly what the runtime measures; boundary_bytes is
+// StageModel::BoundaryBytes. Times are nominal, in units of one layer's forward: a chunk's F,
+// B and W each take ChunkComputeUnits (so plans with different v compare), the largest entry
+// crosses the host link in kTransferUnits of a chunk's F, a boundary message in a tenth.
+// They are the same on every rank, so every rank compiles the same schedule.
+// REQUIRES: saved_bytes not empty, every entry > 0, chunk_units > 0.
+CostModel TrainCostModel(const std::vector<std::int64_t>& saved_bytes, std::int64_t boundary_bytes,
+                         double chunk_units);
+// Layers per chunk, n_layer / (p * v), but at least a quarter: a chunk without layers still
+// embeds, runs the head or passes the residual stream on.
+double ChunkComputeUnits(int n_layer, int num_virtual_stages);
+// A memcpy of an activation is much faster than the chunk's compute on the CPU, so the offload
+// planner is never short of bandwidth and po-f offloads every entry whose lifespan allows it.
+inline constexpr double kTransferUnits = 0.25;
+
+// Reads `path` as pipeoffload.schedule/1 JSON and checks it with Validate.
+// Errors (each naming the path): NotFound / PermissionDenied when it cannot be read;
+// InvalidArgument with the JSON position or field when it does not parse; FailedPrecondition
+// with the broken invariant when it parses but is not a valid schedule.
+[[nodiscard]] absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path);
+
+// The spec of the job: from a loaded schedule (which must have num_ranks stages and agree with
+// the pipeline flags given explicitly: --stages, --chunks, --microbatches, --split-backward),
+// else TrainSpec(options, num_ranks) (where an explicit --stages must equal num_ranks).
+// `transport_name` ("mpi", "local") words the stage-count error.
+// Errors: FailedPrecondition for a stage count that differs from the ranks, naming both and
+// how to launch it; InvalidArgument for conflicting flags or a spec the compiler rejects.
+[[nodiscard]] absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
+                                                   const std::optional<Schedule>& loaded,
+                                                   int num_ranks, std::string_view transport_name);
+
+// The schedule to run: Compile(spec, cost), or `loaded` with its predictions replaced by a
+// simulation under `cost` (a file's predictions were made for some other model). Errors: the
+// compiler's; FailedPrecondition when the loaded schedule hangs in simulation.
+[[nodiscard]] absl::StatusOr<Schedule> PlanSchedule(const PipelineSpec& spec,
+                                                    const std::optional<Schedule>& loaded,
+                                                    const CostModel& cost);
+
+// The arena budget that surely holds `program`: its predicted stash peak with every entry
+// rounded to `alignment`, plus one aligned boundary buffer per op that can allocate one (F, B,
+// RECV_F, RECV_B), plus a quarter for fragmentation. REQUIRES: alignment a power of two.
+std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePrediction& prediction,
+                               std::int64_t boundary_bytes, std::int64_t alignment);
+
+// FNV-1a of the schedule's canonical JSON: ranks compare it to prove they run one schedule.
+std::uint64_t ScheduleFingerprint(const Schedule& schedule);
+
+}  // namespace pipeoffload::gpt
+
+#endif  // PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_PLAN_H_

@@ -1,0 +1,113 @@
+// gpt_train's printed lines and trace file (see train_report.h).
+#include "examples/gpt/train_report.h"
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "pipeoffload/trace.h"
+
+namespace pipeoffload::gpt {
+
+double MeanLoss(const std::vector<double>& losses) {
+  double sum = 0.0;
+  for (double loss : losses) sum += loss;
+  return losses.empty() ? 0.0 : sum / static_cast<double>(losses.size());
+}
+
+void PrintDataAndModel(std::FILE* out, const GptData& data, const GptConfig& c) {
+  std::fprintf(
+      out, "data: %s, %" PRId64 " bytes, unigram entropy %.4f nats (%.4f bits) per token\n",
+      data.name().c_str(), data.size(), data.UnigramEntropyNats(), data.UnigramEntropyBits());
+  std::fprintf(out,
+               "model: %d layers, C %d, %d heads, T %d, V %d, %s head; B %d x m %d per step, "
+               "seed %" PRIu64 ", AdamW lr %g\n",
+               c.n_layer, c.n_embd, c.n_head, c.seq_len, c.vocab_size,
+               c.tied_embeddings ? "tied" : "untied", c.batch_size, c.num_microbatches, c.seed,
+               static_cast<double>(c.optimizer.learning_rate));
+}
+
+void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name) {
+  const PipelineSpec& s = schedule.spec;
+  std::fprintf(out,
+               "pipeline: %d stages over %s, %s v=%d g=%d m=%d, offload %s, split backward %s\n",
+               s.num_stages, transport_name.c_str(), std::string(FamilyName(s.family)).c_str(),
+               s.chunks_per_stage, s.group_size, s.num_microbatches,
+               std::string(OffloadPolicyName(s.offload)).c_str(), s.split_backward ? "on" : "off");
+  if (!schedule.predictions.has_value()) return;
+  const Predictions& p = *schedule.predictions;
+  std::string peaks;
+  for (const StagePrediction& stage : p.stages) {
+    absl::StrAppend(&peaks, peaks.empty() ? "" : " ", stage.peak_bytes, " (",
+                    stage.peak_bytes_without_offload, ")");
+  }
+  std::fprintf(out,
+               "plan: predicted step %.3f layer-forward units (%.3f without offload), bubble "
+               "%.3f; stash peak bytes per stage (without offload): %s\n",
+               p.step_time, p.step_time_without_offload, p.bubble_ratio, peaks.c_str());
+  for (const std::string& warning : p.warnings) {
+    std::fprintf(out, "plan warning: %s\n", warning.c_str());
+  }
+}
+
+void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds) {
+  std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s\n", step, loss, seconds);
+  std::fflush(out);
+}
+
+void PrintStageTable(std::FILE* out, const TrainResult& result) {
+  const bool ran = !result.losses.empty();
+  for (const StageSummary& s : result.stages) {
+    const bool equal = s.stash_peak_bytes == s.predicted_stash_peak_bytes;
+    const char* verdict = !ran ? "no step ran" : equal ? "equal" : "MISMATCH";
+    std::fprintf(out,
+                 "stage %d: stash peak %" PRId64 " B measured, %" PRId64
+                 " B predicted (%s); p2p peak %" PRId64 " B, other arena %" PRId64
+                 " B, arena budget %" PRId64 " B; host pool peak %" PRId64 " B (predicted %" PRId64
+                 "), offloaded %" PRId64 " B/step (predicted %" PRId64 "); model state %" PRId64
+                 " B outside the arena; compute %.3f s, wait %.3f s per step\n",
+                 s.stage, s.stash_peak_bytes, s.predicted_stash_peak_bytes, verdict,
+                 s.p2p_peak_bytes, s.other_arena_peak_bytes, s.arena_budget_bytes,
+                 s.host_peak_bytes, s.predicted_host_bytes, s.offloaded_bytes,
+                 s.predicted_offloaded_bytes, s.model_state_bytes, s.compute_seconds,
+                 s.wait_seconds);
+  }
+  if (!result.stages.empty() && ran) {
+    std::fprintf(out, "%s\n",
+                 result.peaks_match
+                     ? "stash peaks: measured == predicted on every stage"
+                     : "stash peaks: MISMATCH between measured and predicted (a runtime or "
+                       "compiler bug; see the stage lines)");
+  }
+  const std::size_t n = result.step_seconds.size();
+  if (n > 1) {
+    double sum = 0.0;
+    for (std::size_t i = 1; i < n; ++i) sum += result.step_seconds[i];
+    std::fprintf(out, "mean step time %.4f s over steps 1..%zu\n", sum / static_cast<double>(n - 1),
+                 n - 1);
+  }
+}
+
+void PrintChecksum(std::FILE* out, std::uint64_t checksum) {
+  std::fprintf(out, "checksum 0x%016llx\n", static_cast<unsigned long long>(checksum));
+  std::fflush(out);
+}
+
+absl::Status WriteTraceFile(const std::string& path, const Schedule& schedule,
+                            const std::vector<IterationStats>& stats) {
+  absl::StatusOr<Timeline> timeline = MeasuredTimeline(stats);
+  if (!timeline.ok()) return timeline.status();
+  const std::string json = TimelineToTraceJson(schedule, *timeline, /*microseconds_per_unit=*/1e6);
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << json;
+  file.close();
+  if (!file) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write trace file ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipeoffload::gpt

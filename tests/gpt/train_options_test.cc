@@ -1,0 +1,240 @@
+// gpt_train's flags: every flag the issue names parses and is in --help; the defaults pick the
+// schedule the issue asks for; every bad flag is an InvalidArgument naming the flag.
+#include "examples/gpt/train_options.h"
+
+#include <string>
+#include <vector>
+
+#include "tests/testing/catch.h"
+
+namespace pipeoffload::gpt {
+namespace {
+
+absl::StatusOr<TrainOptions> Parse(std::vector<std::string> args) {
+  return ParseTrainOptions(args);
+}
+
+PipelineSpec SpecOf(std::vector<std::string> args, int stages = 4) {
+  absl::StatusOr<TrainOptions> options = Parse(std::move(args));
+  REQUIRE(options.ok());
+  absl::StatusOr<PipelineSpec> spec = TrainSpec(*options, stages);
+  INFO(spec.status().ToString());
+  REQUIRE(spec.ok());
+  return *spec;
+}
+
+TEST_CASE("gpt_train defaults: group-interleaved v=2 on the GPT default model",
+          "[train][options]") {
+  absl::StatusOr<TrainOptions> options = Parse({});
+  REQUIRE(options.ok());
+  CHECK(options->steps == 500);
+  CHECK(options->transport == TrainTransport::kAuto);
+  CHECK(options->arena_bytes == 0);
+  CHECK(options->watchdog_seconds == 60.0);
+  CHECK(options->config.n_layer == GptConfig{}.n_layer);
+  CHECK(options->config.num_microbatches == GptConfig{}.num_microbatches);
+  const PipelineSpec spec = SpecOf({});
+  CHECK(spec.family == Family::kGroupInterleaved);
+  CHECK(spec.chunks_per_stage == 2);
+  CHECK(spec.group_size == 2);  // ceil(p / 2), resolved by the compiler
+  CHECK(spec.offload == OffloadPolicy::kNone);
+  CHECK(spec.num_stages == 4);
+  CHECK(spec.num_microbatches == 8);
+  CHECK_FALSE(spec.split_backward);
+}
+
+TEST_CASE("--schedule picks the family or the offload policy on top of --family",
+          "[train][options]") {
+  PipelineSpec spec = SpecOf({"--schedule", "1f1b"});
+  CHECK(spec.family == Family::k1F1B);
+  CHECK(spec.chunks_per_stage == 1);
+  CHECK(spec.offload == OffloadPolicy::kNone);
+
+  spec = SpecOf({"--schedule", "interleaved"});
+  CHECK(spec.family == Family::kInterleaved);
+  CHECK(spec.chunks_per_stage == 2);
+
+  spec = SpecOf({"--chunks", "1"});
+  CHECK(spec.family == Family::k1F1B);
+
+  spec = SpecOf({"--schedule", "po-f"});
+  CHECK(spec.family == Family::kGroupInterleaved);
+  CHECK(spec.offload == OffloadPolicy::kFull);
+
+  spec = SpecOf({"--schedule", "po-h", "--family", "1f1b"});
+  CHECK(spec.family == Family::k1F1B);
+  CHECK(spec.chunks_per_stage == 1);
+  CHECK(spec.offload == OffloadPolicy::kHalf);
+
+  spec = SpecOf({"--schedule", "selective", "--offload-chunks", "1", "--chunks", "3",
+                 "--group-size", "3", "--microbatches", "12", "--split-backward"});
+  CHECK(spec.offload == OffloadPolicy::kSelective);
+  CHECK(spec.offload_chunks == 1);
+  CHECK(spec.chunks_per_stage == 3);
+  CHECK(spec.group_size == 3);
+  CHECK(spec.num_microbatches == 12);
+  CHECK(spec.split_backward);
+
+  spec = SpecOf({"--schedule=selective", "--offload-fraction=0.25"});
+  CHECK(spec.offload_fraction == 0.25);
+}
+
+TEST_CASE("model, run and runtime flags land in the options", "[train][options]") {
+  absl::StatusOr<TrainOptions> o = Parse({"--layers",
+                                          "3",
+                                          "--embd",
+                                          "24",
+                                          "--heads",
+                                          "3",
+                                          "--seq",
+                                          "16",
+                                          "--batch",
+                                          "5",
+                                          "--vocab",
+                                          "200",
+                                          "--tied",
+                                          "--lr",
+                                          "0.01",
+                                          "--seed",
+                                          "99",
+                                          "--steps",
+                                          "7",
+                                          "--data",
+                                          "corpus.txt",
+                                          "--arena-bytes",
+                                          "3Mi",
+                                          "--watchdog",
+                                          "2.5",
+                                          "--trace",
+                                          "t.json",
+                                          "--poison",
+                                          "--transport",
+                                          "local",
+                                          "--weight-decay",
+                                          "0.1",
+                                          "--seq-len",
+                                          "12"});
+  INFO(o.status().ToString());
+  REQUIRE(o.ok());
+  CHECK(o->config.n_layer == 3);
+  CHECK(o->config.n_embd == 24);
+  CHECK(o->config.n_head == 3);
+  CHECK(o->config.seq_len == 12);  // --seq-len is --seq's alias; the later flag wins
+  CHECK(o->config.batch_size == 5);
+  CHECK(o->config.vocab_size == 200);
+  CHECK(o->config.tied_embeddings);
+  CHECK(o->config.optimizer.learning_rate == 0.01f);
+  CHECK(o->config.optimizer.weight_decay == 0.1f);
+  CHECK(o->config.seed == 99u);
+  CHECK(o->steps == 7);
+  CHECK(o->data_path == "corpus.txt");
+  CHECK(o->arena_bytes == 3 * 1024 * 1024);
+  CHECK(o->watchdog_seconds == 2.5);
+  CHECK(o->trace_path == "t.json");
+  CHECK(o->poison);
+  CHECK(o->transport == TrainTransport::kLocal);
+
+  CHECK(Parse({"--arena-bytes", "2K"})->arena_bytes == 2000);
+  CHECK(Parse({"--arena-bytes", "5G"})->arena_bytes == 5'000'000'000);
+  CHECK(Parse({"--arena-bytes", "4096"})->arena_bytes == 4096);
+}
+
+TEST_CASE("--help lists every flag the issue names, and each one parses", "[train][options]") {
+  const std::string help = TrainHelpText();
+  // flag, and a value for it ("" for switches)
+  const std::vector<std::pair<std::string, std::string>> flags = {{"schedule", "po-f"},
+                                                                  {"family", "1f1b"},
+                                                                  {"stages", "4"},
+                                                                  {"chunks", "2"},
+                                                                  {"group-size", "2"},
+                                                                  {"microbatches", "8"},
+                                                                  {"split-backward", ""},
+                                                                  {"offload-fraction", "0"},
+                                                                  {"offload-chunks", "0"},
+                                                                  {"steps", "3"},
+                                                                  {"seed", "5"},
+                                                                  {"data", "f"},
+                                                                  {"layers", "4"},
+                                                                  {"embd", "16"},
+                                                                  {"heads", "2"},
+                                                                  {"seq", "8"},
+                                                                  {"batch", "2"},
+                                                                  {"tied", ""},
+                                                                  {"lr", "0.001"},
+                                                                  {"arena-bytes", "1Mi"},
+                                                                  {"trace", "t.json"},
+                                                                  {"watchdog", "10"},
+                                                                  {"schedule-file", "s.json"},
+                                                                  {"transport", "mpi"},
+                                                                  {"poison", ""},
+                                                                  {"vocab", "256"},
+                                                                  {"weight-decay", "0"},
+                                                                  {"help", ""}};
+  for (const auto& [flag, value] : flags) {
+    CAPTURE(flag);
+    CHECK(help.find("--" + flag + " ") != std::string::npos);
+    std::vector<std::string> args = {"--" + flag};
+    if (!value.empty()) args.push_back(value);
+    const absl::StatusOr<TrainOptions> parsed = Parse(args);
+    CHECK(parsed.status().ToString() == "OK");
+  }
+  CHECK(Parse({"-h"})->help);
+}
+
+TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "[train][options]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;  // a substring of the message
+  };
+  const std::vector<Case> cases = {
+      {{"--bogus"}, "unknown flag --bogus"},
+      {{"stray"}, "unexpected argument 'stray'"},
+      {{"--steps"}, "--steps needs a value"},
+      {{"--steps", "-1"}, "--steps expects an integer in [0,"},
+      {{"--steps", "3x"}, "got '3x'"},
+      {{"--stages", "0"}, "--stages expects an integer in [1,"},
+      {{"--lr", "fast"}, "--lr expects a number"},
+      {{"--lr", "nan"}, "--lr expects a number"},
+      {{"--watchdog", "0"}, "--watchdog expects a number in [0.001"},
+      {{"--schedule", "zb-v"}, "--schedule expects 1f1b, interleaved, group-interleaved, po-h"},
+      {{"--family", "po-f"}, "--family expects 1f1b, interleaved or group-interleaved"},
+      {{"--transport", "tcp"}, "--transport expects auto, mpi, local or reference"},
+      {{"--arena-bytes", "0"}, "--arena-bytes expects a positive byte count"},
+      {{"--arena-bytes", "12Q"}, "--arena-bytes expects a positive byte count"},
+      {{"--offload-fraction", "1.5"}, "--offload-fraction expects a number in [0, 1]"},
+      {{"--tied=yes"}, "--tied takes no value"},
+      {{"--data", ""}, "--data expects a non-empty value"},
+      {{"--schedule", "1f1b", "--family", "interleaved"}, "conflicts with --family"},
+      {{"--offload-fraction", "0.5"}, "apply to --schedule selective only"},
+      {{"--schedule", "po-f", "--offload-chunks", "1"}, "apply to --schedule selective only"},
+      {{"--schedule", "selective"}, "needs --offload-fraction X (0..1) or --offload-chunks N"},
+      {{"--schedule-file", "s.json", "--schedule", "po-f"}, "drop --schedule"},
+  };
+  for (const Case& c : cases) {
+    const absl::StatusOr<TrainOptions> parsed = Parse(c.args);
+    CAPTURE(c.args, parsed.status().ToString());
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(parsed.status().message()).find(c.expected) != std::string::npos);
+  }
+}
+
+TEST_CASE("a spec the compiler rejects names the pipeline flags", "[train][options]") {
+  absl::StatusOr<TrainOptions> options =
+      Parse({"--schedule", "interleaved", "--microbatches", "6"});
+  REQUIRE(options.ok());
+  const absl::StatusOr<PipelineSpec> spec = TrainSpec(*options, 4);
+  REQUIRE_FALSE(spec.ok());
+  CHECK(spec.status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  CAPTURE(message);
+  CHECK(message.find("--stages 4 --chunks 2 --microbatches 6, interleaved") != std::string::npos);
+  CHECK(message.find("num_microbatches") != std::string::npos);
+
+  options = Parse({"--schedule", "1f1b", "--chunks", "2"});
+  REQUIRE(options.ok());
+  CHECK(TrainSpec(*options, 4).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipeoffload::gpt
