@@ -9,7 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${PO_BUILD_DIR:-$root/build}
 label_args=()
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "test: no GPU on this machine: skipping tests labelled 'gpu' (run scripts/device_tests.sh on a GPU machine)"
+  echo "test: no GPU on this machine: skipping tests labelled 'gpu' (scripts/device_build_check.sh runs them on a GPU machine)"
   label_args=(-LE gpu)
 fi
 cd "$build_dir"
