@@ -7,8 +7,10 @@
 #   scripts/device_build_check.sh [BUILD_DIR]    BUILD_DIR: $PO_BUILD_DIR, else build-cuda
 #   scripts/device_build_check.sh --pack BUILD_DIR DEST
 #       (on the build machine) copies what the run needs into DEST, binaries stripped of debug
-#       info: CMakeCache.txt, every CTestTestfile.cmake, gpu_tests, nccl_gpu_tests and
-#       copy_bench (about 10 MB instead of the whole build). Carry DEST and run the script on it.
+#       info: CMakeCache.txt, every CTestTestfile.cmake, gpu_tests, nccl_gpu_tests, copy_bench
+#       and pipeline_bench (about 10 MB instead of the whole build; pipeline_bench loads the
+#       device machine's libcublas). Carry DEST and run this script, or
+#       scripts/device_pipeline_bench.sh DEST, on it.
 #
 # Files written (at most 8, as the device tool returns): machine.txt, ctest_gpu.log,
 # ctest_gpu.xml (JUnit), nccl_multi.log, copy_bench.md, copy_bench.csv, summary.txt.
@@ -31,7 +33,7 @@ if [[ "${1:-}" == "--pack" ]]; then
     mkdir -p "$dest/$(dirname "$file")"
     cp "$src/$file" "$dest/$file"
   done < <(cd "$src" && find . -name CTestTestfile.cmake)
-  for name in gpu_tests nccl_gpu_tests copy_bench; do
+  for name in gpu_tests nccl_gpu_tests copy_bench pipeline_bench; do
     while IFS= read -r file; do
       mkdir -p "$dest/$(dirname "$file")"
       strip --strip-debug -o "$dest/$file" "$src/$file"

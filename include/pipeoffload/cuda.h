@@ -47,6 +47,15 @@ struct CudaBackendOptions {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     const CudaBackendOptions& options = {});
 
+// A receive copier for CreateLocalTransports (stages as threads of one process on ONE GPU,
+// each with its own CUDA backend): copies device to device on `backend`'s compute stream, so
+// the copy runs after the kernels already enqueued there, then polls until it has finished
+// (DeadlineExceeded after `timeout_seconds`), so the sender may reuse its buffer at once.
+// Give rank r's receives rank r's backend. Errors: InvalidArgument when `backend` is not a
+// CUDA backend or the timeout is not positive.
+[[nodiscard]] absl::StatusOr<LocalCopyFunction> CudaDeviceCopier(Backend& backend,
+                                                                 double timeout_seconds = 60.0);
+
 struct NcclTransportOptions {
   // CUDA ordinal of this rank's GPU; -1 picks the rank's local index on its node (the
   // launcher's OMPI_COMM_WORLD_LOCAL_RANK, else MPI_COMM_TYPE_SHARED), which must be below the

@@ -5,6 +5,7 @@
 #define PIPEOFFLOAD_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,6 +56,11 @@ class Transport {
   virtual std::string Name() const = 0;  // "local", "mpi"
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // True when Send and Recv may be given device memory of a backend whose memory the host
+  // cannot touch (Backend::DeviceMemoryIsHostAccessible() false): the transport moves such
+  // buffers itself (NCCL, or the local transport with a device copier). The executor refuses
+  // such a backend with a transport that returns false.
+  virtual bool AcceptsDeviceMemory() const { return false; }
 
   // Starts sending `bytes` bytes at `data` to `peer` and returns at once. `data` must stay valid
   // and unchanged until the request finishes. Errors: InvalidArgument for a peer out of range or
@@ -77,6 +83,37 @@ class Transport {
 // different threads. Errors: InvalidArgument for num_ranks < 1.
 [[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateLocalTransports(
     int num_ranks);
+
+class Backend;
+
+// Copies `bytes` (> 0) bytes from `src` to `dst` and returns once `dst` holds them and `src` may
+// be overwritten (e.g. a device-to-device copy on the receiver's compute stream, waited for).
+using LocalCopyFunction =
+    std::function<absl::Status(void* dst, const void* src, std::int64_t bytes)>;
+
+struct LocalTransportOptions {
+  // Empty: messages are copied with memcpy (host-accessible memory only), eagerly at Send.
+  // One function (used by every rank) or num_ranks functions (rank r's receives use
+  // element r): messages are then NOT copied at Send. The receiver copies straight from the
+  // sender's buffer with its function when the receive is tested or waited on (rendezvous),
+  // and the send finishes once that copy has returned. So buffers may be device memory of
+  // one GPU shared by the threads (AcceptsDeviceMemory() is true), and a send's buffer stays
+  // in use until its receiver has taken it. Zero-byte messages (barriers) stay eager.
+  std::vector<LocalCopyFunction> receive_copiers;
+};
+
+// As above, with options. Errors: InvalidArgument for num_ranks < 1, or receive_copiers of a
+// size other than 0, 1 or num_ranks, or holding an empty function.
+[[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateLocalTransports(
+    int num_ranks, const LocalTransportOptions& options);
+
+// A LocalCopyFunction that copies on `backend`'s compute queue (Backend::CopyAsync, so it is
+// ordered after the compute work already enqueued there, e.g. a kernel still reading the
+// buffer being overwritten) and then waits, up to `timeout_seconds` (DeadlineExceeded), for
+// that queue. Give each stage's receives its own backend's copier. `backend` must outlive the
+// function. Works for any backend whose compute queue can copy between its buffers (the CPU
+// backend, and the CUDA backend for device memory of its GPU: see CudaDeviceCopier in cuda.h).
+LocalCopyFunction BackendComputeCopier(Backend& backend, double timeout_seconds);
 
 // MPI transport (target pipeoffload::transport_mpi, built when MPI is found). Host buffers only
 // (Open MPI 4.1 here is not CUDA-aware).

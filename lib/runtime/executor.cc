@@ -13,8 +13,16 @@
 //    and RELOAD and shrinks at RELEASE and at B (unsplit) / W (split). RELEASE waits for the D2H
 //    copy before freeing, so the measured stash high-water equals the predicted peak exactly.
 //  - Events: before a send posts a buffer written by compute, compute_done_ is recorded on the
-//    compute queue and host-waited (a no-op on the CPU backend, required on asynchronous ones).
-//    The stash owns the copy events (activation_stash.cc).
+//    compute queue and host-waited (a no-op on the CPU backend, required on asynchronous ones:
+//    a transport may read the buffer from any thread or stream, and the Transport interface
+//    has no queue to make wait instead). The stash owns the copy events (activation_stash.cc).
+//  - Device memory the host cannot touch (CUDA) is only accepted with a transport that moves
+//    it (Transport::AcceptsDeviceMemory); the executor itself never reads stash or P2P bytes
+//    then (the stash's poison scan skips such backends).
+//  - P2P buffers freed right after a model call may still be read by compute work enqueued on
+//    an asynchronous backend, and the next owner of such a block may be a receive, which a
+//    transport writes from another stream or thread. So on those backends a RECV first
+//    host-waits the compute queue too (cheap: a SEND just before has usually waited already).
 //  - End of Run: no receive, unsent output, send, stash entry or host slot may remain; after an
 //    error Reset frees everything the iteration held, so Run can be called again.
 #include <map>
@@ -106,6 +114,8 @@ class StageExecutor final : public Executor {
   absl::Status Recv(int index, const Op& op);
   absl::Status Release(int index, const Op& op);
   absl::Status Barrier(int index, const Op& op);
+  // Records compute_done_ on the compute queue and host-waits it (bounded by the watchdog).
+  absl::Status WaitForCompute(int index, const Op& op);
   absl::StatusOr<void*> TakeInput(int index, const Op& op, bool activation);
   absl::StatusOr<void*> ReadyEntry(int index, const Op& op);
   absl::StatusOr<void*> AllocateP2P(int index, const Op& op);
@@ -325,11 +335,7 @@ absl::Status StageExecutor::Send(int index, const Op& op) {
   const MessageTag tag{activation ? MessageKind::kActivation : MessageKind::kGrad, op.mb,
                        place_.chunk_of(activation ? l + 1 : l - 1)};
   // The transport reads the buffer from the host: compute work that wrote it must be done.
-  absl::Status status = backend_.RecordEvent(compute_done_, backend_.queue(QueueKind::kCompute));
-  if (status.ok()) {
-    status = watchdog_.Check(backend_.WaitEvent(compute_done_, watchdog_.timeout_seconds()), op,
-                             op, index);
-  }
+  const absl::Status status = WaitForCompute(index, op);
   absl::StatusOr<std::unique_ptr<TransferRequest>> request =
       status.ok() ? transport_.Send(op.peer, tag, buffer, boundary_bytes_)
                   : absl::StatusOr<std::unique_ptr<TransferRequest>>(status);
@@ -342,12 +348,26 @@ absl::Status StageExecutor::Send(int index, const Op& op) {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::WaitForCompute(int index, const Op& op) {
+  // Not counted in wait_seconds: the stage is busy computing meanwhile.
+  absl::Status status = backend_.RecordEvent(compute_done_, backend_.queue(QueueKind::kCompute));
+  if (status.ok()) {
+    status = watchdog_.Check(backend_.WaitEvent(compute_done_, watchdog_.timeout_seconds()), op,
+                             op, index);
+  }
+  return status;
+}
+
 absl::Status StageExecutor::Recv(int index, const Op& op) {
   const bool activation = op.kind == OpKind::kRecvActivation;
   const RecvKey key(!activation, op.mb, op.chunk);
   if (receives_.count(key) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(Where(index, op), ": posted again before its data was consumed"));
+  }
+  if (!backend_.DeviceMemoryIsHostAccessible()) {
+    // The block may have been an input that queued compute work still reads (see top).
+    PO_RETURN_IF_ERROR(WaitForCompute(index, op));
   }
   PO_ASSIGN_OR_RETURN(void* buffer, AllocateP2P(index, op));
   const MessageTag tag{activation ? MessageKind::kActivation : MessageKind::kGrad, op.mb,
@@ -568,11 +588,13 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "executor: wait_timeout_seconds must be positive, got ", options.wait_timeout_seconds));
   }
-  if (!backend.DeviceMemoryIsHostAccessible()) {
+  if (!backend.DeviceMemoryIsHostAccessible() && !transport.AcceptsDeviceMemory()) {
     return absl::UnimplementedError(absl::StrCat(
         "executor: the ", backend.Name(),
-        " backend's device memory is not host-accessible, and staging P2P buffers through host "
-        "memory is not implemented yet"));
+        " backend's device memory is not host-accessible and the ", transport.Name(),
+        " transport cannot move device memory (staging P2P buffers through host memory is not "
+        "implemented yet); use a transport that accepts device memory (NCCL, or the local "
+        "transport with receive copiers)"));
   }
   PO_ASSIGN_OR_RETURN(const internal::ProgramNeeds needs,
                       internal::CheckStageProgram(spec, program, model, arena.alignment()));

@@ -56,6 +56,7 @@ class NcclTransport final : public Transport {
   }
 
   std::string Name() const override { return "nccl"; }
+  bool AcceptsDeviceMemory() const override { return true; }
   int rank() const override { return session_.rank; }
   int size() const override { return session_.size; }
   int device() const { return link_->device(); }
