@@ -69,7 +69,9 @@ class Executor {
   // transport.rank() and spec.num_stages equals transport.size(); every op's mb, chunk and
   // peer fit the spec and the loop placement (SEND_F of virtual stage l goes to the stage of
   // l + 1, and so on); the model's SavedBytes and BoundaryBytes are positive; the backend's
-  // device memory is host-accessible (host-buffer transports need it until staging lands);
+  // device memory is host-accessible, or the transport moves device memory itself
+  // (Transport::AcceptsDeviceMemory: NCCL, or local with copiers; host-buffer transports such as
+  // MPI need host-accessible memory until staging lands);
   // and (ResourceExhausted) the program's stash peak, aligned as the arena aligns it, fits the
   // arena's free bytes. Creates the HostPool, sized exactly for the program's offloads.
   // `model`, `backend`, `arena` and `transport` must outlive the executor.
