@@ -9,10 +9,11 @@
 // can be priced, so only that v is tried. The returned schedule's predictions use the scaled
 // model of the plan it holds.
 //
-// Within one (family, v, g), offloading never makes a plan faster (the planner never stalls a
-// step; it only keeps it as fast), so an order whose plain step is slower than the incumbent is
-// skipped, and otherwise its pick is the smallest share of the volume that fits: it moves the
-// fewest bytes over PCIe.
+// Within one (family, v, g), offloading never makes a plan faster (the planner keeps a step as
+// fast, or lets it grow within its overhead budget to gate a warm-up), so an order whose plain
+// step is slower than the incumbent is skipped, and otherwise its pick is the smallest share
+// of the volume that fits: it moves the fewest bytes over PCIe, and where a smaller share fits
+// a larger one buys no speed.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

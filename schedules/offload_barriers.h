@@ -9,19 +9,23 @@
 // stage b to a transfer X of stage a (a != b), stage a must not issue X before stage b has
 // reached the point of its program planned for X's start (which lies after Y's planned end).
 // A BARRIER pair expresses exactly that. Both BARRIERs of the pair go at the same cut of the
-// simulated timeline: on each stage, after every op that starts at or before X's planned
-// start t and before every op that starts after it. On stage a, X itself is placed right after
-// that cut (offload_stage_plan.h), so the BARRIER guards it; on stage b, the cut lies after
-// Y's RELEASE when Y is an OFFLOAD ending at t (a RELEASE waits for its D2H, so when X was
-// timed to start as Y ends, the BARRIER is what makes it wait for Y in the simulator and in a
-// real run alike). Because a rendezvous (SEND/RECV, BARRIER) starts at one instant on both of
-// its stages, no rendezvous straddles such a cut, so the programs with the BARRIERs still run
-// through: deadlock-free. (A cut that put the ops starting exactly at t before the BARRIER on
-// one stage and after it on the other could deadlock against a SEND/RECV starting at t.)
+// planned timeline: on each stage, after every op whose time is before X's planned start t and
+// before every op at or after it (a SEND/RECV's time is its transfer's: offload_stage_plan.h).
+// On stage a, X itself is placed after every op at t (offload_stage_plan.h), so the BARRIER
+// guards it; on stage b, the cut lies after Y's RELEASE when Y is an OFFLOAD ending at t (a
+// RELEASE waits for its D2H, so when X was timed to start as Y ends, the BARRIER is what makes
+// it wait for Y in the simulator and in a real run alike). Ops at exactly t stay behind the
+// BARRIER on both stages: on a timeline where some op waited for a copy or a BARRIER until t,
+// it keeps waiting. Because each SEND/RECV pair is at one time (its transfer's start) on both
+// of its stages, no pair straddles such a cut, so the programs with the BARRIERs still run
+// through under blocking rendezvous: deadlock-free. (A cut that put the ops at exactly t
+// before the BARRIER on one stage and after it on the other could deadlock against a
+// SEND/RECV at t.) Copies marked `fixed` come ordered already (the planner's gated warm-up
+// keeps the BARRIERs that ordered them), so no BARRIER goes between two of them.
 // Consecutive transfers of one stage need no BARRIER (its copy engine serialises them), and
 // neither do zero-time transfers.
 //
-// The pair's BARRIERs are zero-time rendezvous that never delay the simulated timeline: each is
+// The pair's BARRIERs are zero-time rendezvous that never delay the planned timeline: each is
 // issued by both stages no later than t, and the ops after it start at t or later. They are
 // emitted in (t, sequence) order on every stage, so the k-th BARRIER of a with peer b is the
 // k-th of b with peer a; two hand-overs of one pair planned for the same instant share one.
@@ -45,6 +49,9 @@ struct PlannedTransfer {
   double end = 0.0;
   int mb = 0;
   int chunk = 0;
+  // A copy whose hand-overs to other fixed copies have BARRIERs already (the planner's gated
+  // warm-up copies, offload_planner.cc): no BARRIER here between two fixed copies.
+  bool fixed = false;
 };
 
 // Returns, for each member of a link group (`plans[i]` is member i; its stage number is
@@ -72,7 +79,7 @@ inline std::vector<std::vector<InsertedOp>> PlanBarriers(const std::vector<const
     for (std::size_t i = 1; i < line.size(); ++i) {
       const PlannedTransfer& before = *line[i - 1];
       const PlannedTransfer& x = *line[i];
-      if (before.member == x.member) continue;
+      if (before.member == x.member || (before.fixed && x.fixed)) continue;
       hand_overs.push_back(HandOver{std::min(before.member, x.member),
                                     std::max(before.member, x.member), x.start, x.member, x.mb,
                                     x.chunk});
@@ -95,7 +102,7 @@ inline std::vector<std::vector<InsertedOp>> PlanBarriers(const std::vector<const
       const int peer = member == first.low ? first.high : first.low;
       InsertedOp barrier;
       barrier.op = Op{OpKind::kBarrier, -1, -1, plans[peer]->stage()};
-      barrier.key = ProgramKey{plans[member]->CutGapAfter(first.time), false, first.time,
+      barrier.key = ProgramKey{plans[member]->FirstGapAtOrAfter(first.time), false, first.time,
                                kRankBarrier, seq};
       // Name the transfer it guards on the stage that starts one.
       for (std::size_t k = i; k < j; ++k) {

@@ -4,14 +4,19 @@
 // tested alone; pure computation, no I/O.
 //
 // Invariants (the planner and its tests rely on them; offload_planner.cc says why they make a
-// plan stall-free and collision-free in the simulator):
+// plan keep to its timeline and collision-free in the simulator):
+//  - A baseline op's time is its start, except a SEND/RECV's, which is its transfer's start
+//    (the simulator only posts it when issued, simulate.h); the planner hands in programs
+//    where these times never decrease along a stage (PostAtTransfers). The "issue time" of gap
+//    j is the start of the last op before it that is not a SEND/RECV: what an op placed there
+//    is issued at. Only such starts (and copy ends) are slots a transfer can start at.
 //  - An inserted op lives in a "gap" j: after baseline op j-1 and before baseline op j. Within a
 //    gap, inserted ops run in (planned time, rank, seq) order; ProgramKey encodes that order.
-//  - Every inserted op's planned time t satisfies start(j-1) <= t <= start(j), so issuing it
-//    never delays baseline op j (the simulator issues in order: an op never starts before the
-//    op ahead of it starts). OFFLOAD and RELOAD go into the last such gap (after every op that
-//    starts at t, where a BARRIER guarding them also goes); RELEASE into the first (memory is
-//    counted in program order, so the earlier the better).
+//  - Every inserted op's planned time t satisfies issue(j) <= t <= time(j), so issuing it never
+//    delays baseline op j (an op never starts before the op ahead of it is issued, and a post
+//    issued at t moves no transfer that starts at time(j) >= t). OFFLOAD and RELOAD go into the
+//    last such gap (after every op at t, where a BARRIER guarding them also goes); RELEASE
+//    into the first (memory is counted in program order, so the earlier the better).
 //  - A transfer starts at a time the simulator reproduces: the issue time of its gap (for an
 //    OFFLOAD, or the end of its F if later), the end of the stage's previous transfer in the
 //    same direction (its copy engine frees up then), or, for an OFFLOAD, the end of another
@@ -19,14 +24,21 @@
 //    other stage's RELEASE, which waits for that D2H). Durations are booked with the slower of
 //    the solo and duplex bandwidths, so in the simulator a transfer may end earlier than booked
 //    and one chained to it start earlier, but never later, and never outside the booked span.
+//    A gated copy (GatedPlacement) runs where the gated timeline ran it; its RELEASE then holds
+//    the op that waited for it there.
 //  - RELEASE goes at the OFFLOAD's booked end; RELOAD no earlier than it and ends at least
 //    `reload_margin` before its B starts. For one entry: F < OFFLOAD < RELEASE < RELOAD <= B.
+//  - Peak() and ResidentEntries() answer from indexes kept up to date by every commit (a tree
+//    of memory over the gaps; entries by F with the latest free/use per block), so planning
+//    stays near O(entries log ops) instead of quadratic.
 #ifndef PIPEOFFLOAD_SCHEDULES_OFFLOAD_STAGE_PLAN_H_
 #define PIPEOFFLOAD_SCHEDULES_OFFLOAD_STAGE_PLAN_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -89,6 +101,7 @@ struct OffloadEntry {
 // When and where one entry's OFFLOAD, RELEASE and RELOAD go.
 struct Placement {
   int offload_gap = 0;
+  int offload_search_gap = 0;  // the gap whose window offered offload_start (FindPlacement)
   double offload_start = 0.0;
   double offload_end = 0.0;  // conservative
   int release_gap = 0;
@@ -170,6 +183,13 @@ class StagePlan {
       baseline_delta_[entry.free_index] -= entry.bytes;
     }
     gaps_.resize(ops_.size() + 1);
+    gap_issue_.assign(ops_.size() + 1, 0.0);
+    for (int j = 1; j <= static_cast<int>(ops_.size()); ++j) {
+      const TimedBaselineOp& before = ops_[j - 1];
+      gap_issue_[j] = IsP2P(before.op.kind) ? gap_issue_[j - 1] : before.start;
+    }
+    BuildTree();
+    BuildResidentIndex();
     placements_.resize(entries_.size());
   }
 
@@ -182,6 +202,10 @@ class StagePlan {
   const std::vector<int>& steps() const { return steps_; }
 
   double Start(int index) const { return ops_[index].start; }
+  // The latest OFFLOAD start a search that chose gap `search_gap` passed over candidates before.
+  double SearchHigh(int search_gap) const {
+    return search_gap < num_ops() ? Start(search_gap) : std::numeric_limits<double>::infinity();
+  }
 
   // The placement with the widest offload window for `entry` given what `resources` already
   // hold: the first D2H slot after its F, the release as soon as the D2H is done, and the
@@ -191,47 +215,39 @@ class StagePlan {
     const OffloadEntry& entry = entries_[entry_index];
     if (entry.bytes <= 0) return std::nullopt;
     const double d2h = static_cast<double>(entry.bytes) / params_.d2h_bandwidth;
-    const double h2d = static_cast<double>(entry.bytes) / params_.h2d_bandwidth;
     Placement p;
     if (!FindOffload(entry, d2h, res, &p)) return std::nullopt;
-    p.release_time = p.offload_end;
-    p.release_gap = std::max(FirstGapAtOrAfter(p.release_time), p.offload_gap);
-    if (p.release_gap == p.offload_gap && p.release_time == p.offload_start) {
-      p.release_rank = kRankOffload;  // zero-time copy: after its OFFLOAD (by seq)
-    }
-    if (p.release_gap >= entry.use_index) return std::nullopt;
-
-    // RELOAD: the latest start in [offload end, deadline - h2d] that the simulator reproduces
-    // (an op's start, or the end of an earlier RELOAD of this stage) with the link free.
-    const double latest = entry.use_start - params_.reload_margin - h2d;
-    auto op_it = std::upper_bound(ops_.begin(), ops_.begin() + entry.use_index, latest,
-                                  [](double t, const TimedBaselineOp& op) { return t < op.start; });
-    auto end_it = res.own_h2d_ends->upper_bound(latest);
-    while (op_it != ops_.begin() || end_it != res.own_h2d_ends->begin()) {
-      double t;
-      if (end_it == res.own_h2d_ends->begin() ||
-          (op_it != ops_.begin() && std::prev(op_it)->start >= *std::prev(end_it))) {
-        t = (--op_it)->start;
-      } else {
-        t = *--end_it;
-      }
-      if (t < p.offload_end) return std::nullopt;
-      const int gap = std::min(CutGapAfter(t), entry.use_index);
-      if (gap <= p.release_gap) return std::nullopt;
-      if (!IsFree(res.link_h2d, res.engine, t, t + h2d)) continue;
-      p.reload_gap = gap;
-      p.reload_start = t;
-      p.reload_end = t + h2d;
-      return p;
-    }
-    return std::nullopt;
+    return CompletePlacement(entry_index, p, res);
   }
 
-  // Books `p`'s transfers in `resources` and records its three ops.
-  void Commit(int entry_index, const Placement& p, const TransferResources& res) {
+  // A placement for an entry whose D2H the stage's program already times: it runs over
+  // [start, end) (the caller has booked it, BookOffload) and its RELEASE goes at `end`, before
+  // the first op that starts at or after it (an op the RELEASE may be what delays: a gated
+  // warm-up forward, offload_planner.cc). The RELOAD as in FindPlacement; nullopt without one.
+  std::optional<Placement> GatedPlacement(int entry_index, double start, double end,
+                                          const TransferResources& res) const {
     const OffloadEntry& entry = entries_[entry_index];
-    Book(res.link_d2h, res.engine, p.offload_start, p.offload_end);
-    if (p.offload_end > p.offload_start) res.d2h_ends->insert(p.offload_end);
+    if (entry.bytes <= 0) return std::nullopt;
+    Placement p;
+    p.offload_gap = std::max(CutGapAfter(start), entry.forward_index + 1);
+    if (p.offload_gap > entry.use_index) return std::nullopt;
+    p.offload_start = start;
+    p.offload_end = end;
+    return CompletePlacement(entry_index, p, res);
+  }
+
+  // Books a D2H of this stage over [start, end), as Commit does for the D2H of a placement.
+  static void BookOffload(double start, double end, const TransferResources& res) {
+    Book(res.link_d2h, res.engine, start, end);
+    if (end > start) res.d2h_ends->insert(end);
+  }
+
+  // Books `p`'s transfers in `resources` (its D2H only unless `offload_booked`) and records its
+  // three ops.
+  void Commit(int entry_index, const Placement& p, const TransferResources& res,
+              bool offload_booked = false) {
+    const OffloadEntry& entry = entries_[entry_index];
+    if (!offload_booked) BookOffload(p.offload_start, p.offload_end, res);
     Insert(InsertedOp{Op{OpKind::kOffload, entry.mb, entry.chunk, -1}, OffloadKey(p),
                       entry_index});
     Insert(InsertedOp{Op{OpKind::kRelease, entry.mb, entry.chunk, -1}, ReleaseKey(p),
@@ -270,35 +286,61 @@ class StagePlan {
 
   // The device-memory peak of the program with every committed entry offloaded (program order:
   // +bytes at F and RELOAD, -bytes at RELEASE and at the op that frees the entry), and the
-  // first point that reaches it.
+  // first point that reaches it. O(1): a tree over the gaps keeps it (UpdateGap).
   PeakPoint Peak() const {
-    PeakPoint peak{0, BaselineKey(0)};
-    std::int64_t bytes = 0;
-    for (int j = 0; j <= num_ops(); ++j) {
-      for (const InsertedOp& ins : gaps_[j]) {
-        if (ins.entry < 0) continue;
-        if (ins.op.kind == OpKind::kRelease) bytes -= entries_[ins.entry].bytes;
-        if (ins.op.kind == OpKind::kReload) {
-          bytes += entries_[ins.entry].bytes;
-          if (bytes > peak.bytes) peak = PeakPoint{bytes, ins.key};
-        }
-      }
-      if (j == num_ops()) break;
-      bytes += baseline_delta_[j];
-      if (bytes > peak.bytes) peak = PeakPoint{bytes, BaselineKey(j)};
-    }
-    return peak;
+    const Segment& root = tree_[1];
+    if (root.best <= 0) return PeakPoint{0, BaselineKey(0)};
+    return PeakPoint{root.best, root.at};
   }
 
-  // The gap before the first baseline op that starts after `time`: where a BARRIER planned at
-  // `time` goes (offload_barriers.h), and an OFFLOAD or RELOAD starting then.
+  // Calls visit(entry) for every entry whose lifetime [forward_end, use_start] meets [a, b],
+  // in no particular order.
+  template <typename Visit>
+  void ForEachAlive(double a, double b, Visit visit) const {
+    const auto end = std::upper_bound(by_forward_.begin(), by_forward_.end(), b,
+                                      [&](double t, int e) { return t < entries_[e].forward_end; });
+    const int count = static_cast<int>(end - by_forward_.begin());
+    // Blocks before the first whose running maximum reaches `a` hold no entry alive at `a`.
+    const int from = static_cast<int>(
+        std::lower_bound(block_use_running_.begin(), block_use_running_.end(), a) -
+        block_use_running_.begin());
+    for (int block = from; block * kBlock < count; ++block) {
+      if (block_use_[block] < a) continue;
+      for (int i = block * kBlock; i < std::min(count, (block + 1) * kBlock); ++i) {
+        if (entries_[by_forward_[i]].use_start >= a) visit(by_forward_[i]);
+      }
+    }
+  }
+
+  // Entries resident at point `x` without offloading (ResidentAt), in no particular order.
+  void ResidentEntries(const ProgramKey& x, std::vector<int>* out) const {
+    out->clear();
+    // Resident at x: F at or before baseline index a, freed after it (see ResidentAt).
+    const int a = x.baseline ? x.gap : x.gap - 1;
+    const auto end =
+        std::upper_bound(by_forward_.begin(), by_forward_.end(), a,
+                         [&](int pos, int e) { return pos < entries_[e].forward_index; });
+    const int count = static_cast<int>(end - by_forward_.begin());
+    const int from = static_cast<int>(
+        std::upper_bound(block_free_running_.begin(), block_free_running_.end(), a) -
+        block_free_running_.begin());
+    for (int block = from; block * kBlock < count; ++block) {
+      if (block_free_[block] <= a) continue;
+      for (int i = block * kBlock; i < std::min(count, (block + 1) * kBlock); ++i) {
+        if (entries_[by_forward_[i]].free_index > a) out->push_back(by_forward_[i]);
+      }
+    }
+  }
+
+  // The gap before the first baseline op whose time is after `time`: where an OFFLOAD or
+  // RELOAD starting then goes.
   int CutGapAfter(double time) const {
     auto it = std::upper_bound(ops_.begin(), ops_.end(), time,
                                [](double t, const TimedBaselineOp& op) { return t < op.start; });
     return static_cast<int>(it - ops_.begin());
   }
-  // The gap before the first baseline op that starts at or after `time`: where a RELEASE at
-  // `time` goes.
+  // The gap before the first baseline op whose time is at or after `time`: where a RELEASE
+  // at `time` goes, and a BARRIER planned at `time` (offload_barriers.h).
   int FirstGapAtOrAfter(double time) const {
     auto it = std::lower_bound(ops_.begin(), ops_.end(), time,
                                [](const TimedBaselineOp& op, double t) { return op.start < t; });
@@ -326,32 +368,124 @@ class StagePlan {
   }
 
  private:
+  // Fills in the RELEASE and RELOAD of `p`, whose offload fields are set: the release as soon
+  // as the D2H is done, and the latest H2D slot that ends `reload_margin` before the B.
+  std::optional<Placement> CompletePlacement(int entry_index, Placement p,
+                                             const TransferResources& res) const {
+    const OffloadEntry& entry = entries_[entry_index];
+    const double h2d = static_cast<double>(entry.bytes) / params_.h2d_bandwidth;
+    p.release_time = p.offload_end;
+    p.release_gap = std::max(FirstGapAtOrAfter(p.release_time), p.offload_gap);
+    if (p.release_gap == p.offload_gap && p.release_time == p.offload_start) {
+      p.release_rank = kRankOffload;  // zero-time copy: after its OFFLOAD (by seq)
+    }
+    if (p.release_gap >= entry.use_index) return std::nullopt;
+
+    // RELOAD: the latest start in [offload end, deadline - h2d] that the simulator reproduces
+    // (an op's start, or the end of an earlier RELOAD of this stage) with the link free.
+    const double latest = entry.use_start - params_.reload_margin - h2d;
+    auto op_it = std::upper_bound(ops_.begin(), ops_.begin() + entry.use_index, latest,
+                                  [](double t, const TimedBaselineOp& op) { return t < op.start; });
+    auto end_it = res.own_h2d_ends->upper_bound(latest);
+    while (op_it != ops_.begin() || end_it != res.own_h2d_ends->begin()) {
+      double t;
+      if (end_it == res.own_h2d_ends->begin() ||
+          (op_it != ops_.begin() && std::prev(op_it)->start >= *std::prev(end_it))) {
+        // A SEND/RECV is no issue point: its time is its transfer's (file comment).
+        if (IsP2P((--op_it)->op.kind)) continue;
+        t = op_it->start;
+      } else {
+        t = *--end_it;
+      }
+      if (t < p.offload_end) return std::nullopt;
+      const int gap = std::min(CutGapAfter(t), entry.use_index);
+      if (gap <= p.release_gap) return std::nullopt;
+      if (!IsFree(res.link_h2d, res.engine, t, t + h2d)) {
+        // Every start after (earliest booked start it overlaps) - h2d overlaps that booking
+        // too: skip those candidates at once.
+        double bound = EarliestOverlap(res.link_h2d, res.engine, t, t + h2d) - h2d;
+        if (std::isnan(bound) || bound >= t) continue;
+        op_it = std::upper_bound(ops_.begin(), op_it, bound,
+                                 [](double x, const TimedBaselineOp& op) { return x < op.start; });
+        end_it = res.own_h2d_ends->upper_bound(bound);  // candidates left are all <= t
+        continue;
+      }
+      p.reload_gap = gap;
+      p.reload_start = t;
+      p.reload_end = t + h2d;
+      return p;
+    }
+    return std::nullopt;
+  }
+
   // The first OFFLOAD start after the entry's F that the simulator reproduces (see the file
   // comment) with [start, start + d2h) free; fills the offload fields of *p.
   bool FindOffload(const OffloadEntry& entry, double d2h, const TransferResources& res,
                    Placement* p) const {
     const int n = num_ops();
-    for (int j = entry.forward_index + 1; j <= entry.use_index; ++j) {
-      const double low = std::max(Start(j - 1), entry.forward_end);
-      const double high = j < n ? Start(j) : low;
-      if (low > high) continue;
-      const auto try_at = [&](double t) {
-        const int gap = CutGapAfter(t);
-        if (gap > entry.use_index || !IsFree(res.link_d2h, res.engine, t, t + d2h)) return false;
-        p->offload_gap = gap;
-        p->offload_start = t;
-        p->offload_end = t + d2h;
-        return true;
-      };
-      if (try_at(low)) return true;
-      for (auto it = res.d2h_ends->upper_bound(low); it != res.d2h_ends->end() && *it <= high;
-           ++it) {
-        if (try_at(*it)) return true;
+    // Every start before this collides with a booking (known from a failed try): skipped.
+    double not_before = -std::numeric_limits<double>::infinity();
+    int search_gap = 0;
+    const auto try_at = [&](double t) {
+      const int gap = CutGapAfter(t);
+      if (gap > entry.use_index) return false;
+      if (!IsFree(res.link_d2h, res.engine, t, t + d2h)) {
+        const double end = LatestOverlapEnd(res.link_d2h, res.engine, t, t + d2h);
+        if (!std::isnan(end)) not_before = std::max(not_before, end);
+        return false;
       }
+      p->offload_gap = gap;
+      p->offload_search_gap = search_gap;
+      p->offload_start = t;
+      p->offload_end = t + d2h;
+      return true;
+    };
+    for (int j = entry.forward_index + 1; j <= entry.use_index;) {
+      const double low = std::max(gap_issue_[j], entry.forward_end);
+      const double high = j < n ? Start(j) : low;
+      if (high < not_before && j < n) {
+        // Gaps whose latest start lies before not_before hold no candidate.
+        const auto next = std::lower_bound(
+            ops_.begin() + j + 1, ops_.end(), not_before,
+            [](const TimedBaselineOp& op, double x) { return op.start < x; });
+        j = static_cast<int>(next - ops_.begin());
+        continue;
+      }
+      if (low <= high) {
+        search_gap = j;
+        if (low >= not_before && try_at(low)) return true;
+        // Ends in (low, high], from not_before on (try_at may raise it as it goes).
+        for (auto it = not_before > low ? res.d2h_ends->lower_bound(not_before)
+                                        : res.d2h_ends->upper_bound(low);
+             it != res.d2h_ends->end() && *it <= high; ++it) {
+          if (*it >= not_before && try_at(*it)) return true;
+        }
+      }
+      ++j;
     }
     return false;
   }
 
+  // The earliest start of a booking [start, end) overlaps on the link or the engine, and the
+  // latest end; NaN when it overlaps none.
+  static double EarliestOverlap(const SlotOccupancy* link, const SlotOccupancy* engine,
+                                double start, double end) {
+    double out = link->EarliestOverlapStart(start, end);
+    if (engine != nullptr) {
+      const double other = engine->EarliestOverlapStart(start, end);
+      if (std::isnan(out) || other < out) out = other;
+    }
+    return out;
+  }
+  static double LatestOverlapEnd(const SlotOccupancy* link, const SlotOccupancy* engine,
+                                 double start, double end) {
+    double out = link->LatestOverlapEnd(start, end);
+    if (engine != nullptr) {
+      const double other = engine->LatestOverlapEnd(start, end);
+      if (std::isnan(out) || other > out) out = other;
+    }
+    return out;
+  }
   static bool IsFree(const SlotOccupancy* link, const SlotOccupancy* engine, double start,
                      double end) {
     return link->IsFree(start, end) && (engine == nullptr || engine->IsFree(start, end));
@@ -361,13 +495,101 @@ class StagePlan {
     if (engine != nullptr) engine->Add(start, end);
   }
   void Insert(InsertedOp op) {
-    std::vector<InsertedOp>& gap = gaps_[op.key.gap];
+    const int j = op.key.gap;
+    std::vector<InsertedOp>& gap = gaps_[j];
     auto it = std::upper_bound(gap.begin(), gap.end(), op,
                                [](const InsertedOp& a, const InsertedOp& b) {
                                  return a.key < b.key;
                                });
     gap.insert(it, std::move(op));
+    UpdateGap(j);
   }
+
+  // Memory over the program as a tree of segments, one per gap (its inserted ops, then its
+  // baseline op): each node holds its segment's net change and its highest running total
+  // (over non-empty prefixes) with the first point that reaches it, so the peak of the whole
+  // program is the root's and a commit updates two leaves.
+  struct Segment {
+    std::int64_t sum = 0;
+    std::int64_t best = std::numeric_limits<std::int64_t>::min() / 4;
+    ProgramKey at;
+  };
+  static Segment Combine(const Segment& a, const Segment& b) {
+    Segment out;
+    out.sum = a.sum + b.sum;
+    if (a.best >= a.sum + b.best) {
+      out.best = a.best;
+      out.at = a.at;
+    } else {
+      out.best = a.sum + b.best;
+      out.at = b.at;
+    }
+    return out;
+  }
+  void UpdateGap(int j) {
+    Segment leaf;
+    std::int64_t running = 0;
+    for (const InsertedOp& ins : gaps_[j]) {
+      if (ins.entry < 0) continue;
+      if (ins.op.kind == OpKind::kRelease) running -= entries_[ins.entry].bytes;
+      if (ins.op.kind == OpKind::kReload) running += entries_[ins.entry].bytes;
+      if (running > leaf.best) {
+        leaf.best = running;
+        leaf.at = ins.key;
+      }
+    }
+    if (j < num_ops()) {
+      running += baseline_delta_[j];
+      if (running > leaf.best) {
+        leaf.best = running;
+        leaf.at = BaselineKey(j);
+      }
+    }
+    leaf.sum = running;
+    int node = leaves_ + j;
+    tree_[node] = leaf;
+    for (node /= 2; node >= 1; node /= 2) {
+      tree_[node] = Combine(tree_[2 * node], tree_[2 * node + 1]);
+    }
+  }
+  void BuildTree() {
+    leaves_ = 1;
+    while (leaves_ < num_ops() + 1) leaves_ *= 2;
+    tree_.assign(static_cast<std::size_t>(2 * leaves_), Segment{});
+    for (int j = 0; j <= num_ops(); ++j) {
+      Segment& leaf = tree_[leaves_ + j];
+      leaf.sum = j < num_ops() ? baseline_delta_[j] : 0;
+      if (j < num_ops()) {
+        leaf.best = leaf.sum;
+        leaf.at = BaselineKey(j);
+      }
+    }
+    for (int node = leaves_ - 1; node >= 1; --node) {
+      tree_[node] = Combine(tree_[2 * node], tree_[2 * node + 1]);
+    }
+  }
+  void BuildResidentIndex() {
+    for (int e = 0; e < static_cast<int>(entries_.size()); ++e) by_forward_.push_back(e);
+    std::sort(by_forward_.begin(), by_forward_.end(), [&](int a, int b) {
+      return entries_[a].forward_index < entries_[b].forward_index;
+    });
+    const int count = static_cast<int>(by_forward_.size());
+    for (int i = 0; i < count; i += kBlock) {
+      int most = -1;
+      double latest = -std::numeric_limits<double>::infinity();
+      for (int k = i; k < std::min(count, i + kBlock); ++k) {
+        most = std::max(most, entries_[by_forward_[k]].free_index);
+        latest = std::max(latest, entries_[by_forward_[k]].use_start);
+      }
+      block_free_.push_back(most);
+      block_use_.push_back(latest);
+      block_free_running_.push_back(
+          std::max(most, block_free_running_.empty() ? most : block_free_running_.back()));
+      block_use_running_.push_back(
+          std::max(latest, block_use_running_.empty() ? latest : block_use_running_.back()));
+    }
+  }
+  static constexpr int kBlock = 32;
 
   int stage_;
   std::vector<TimedBaselineOp> ops_;
@@ -375,6 +597,14 @@ class StagePlan {
   std::vector<OffloadEntry> entries_;              // index chunk * m + mb
   std::vector<std::int64_t> baseline_delta_;       // memory change of each baseline op
   std::vector<std::vector<InsertedOp>> gaps_;      // [gap], sorted by key
+  std::vector<double> gap_issue_;                  // [gap]: when an op placed there is issued
+  std::vector<Segment> tree_;                      // Peak(): 1-based heap over the gaps
+  int leaves_ = 1;
+  std::vector<int> by_forward_;                    // entries by F's index (ResidentEntries)
+  std::vector<int> block_free_;                    // per kBlock of them: the latest free index
+  std::vector<double> block_use_;                  // ... and the latest use_start
+  std::vector<int> block_free_running_;            // running maxima of the two over blocks
+  std::vector<double> block_use_running_;
   std::vector<std::optional<Placement>> placements_;
   std::vector<int> steps_;
   std::int64_t next_seq_ = 0;

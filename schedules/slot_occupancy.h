@@ -10,6 +10,7 @@
 #define PIPEOFFLOAD_SCHEDULES_SLOT_OCCUPANCY_H_
 
 #include <iterator>
+#include <limits>
 #include <map>
 
 namespace pipeoffload::internal {
@@ -29,6 +30,25 @@ class SlotOccupancy {
     if (next == busy_.begin()) return true;
     const auto& [busy_start, busy_end] = *std::prev(next);
     return !(busy_start < end && start < busy_end);
+  }
+
+  // For a non-empty [start, end) that is not free: the start of the earliest booked interval
+  // it overlaps (no start after `start - d` that still ends after start + d... fits before it:
+  // a search backwards in time may jump to that start minus its length), and the end of the
+  // latest (a search forwards may jump to it). NaN when [start, end) is free or empty.
+  double EarliestOverlapStart(double start, double end) const {
+    if (!(end > start)) return std::numeric_limits<double>::quiet_NaN();
+    auto it = busy_.upper_bound(start);
+    if (it != busy_.begin() && std::prev(it)->second > start) return std::prev(it)->first;
+    if (it != busy_.end() && it->first < end) return it->first;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  double LatestOverlapEnd(double start, double end) const {
+    if (!(end > start)) return std::numeric_limits<double>::quiet_NaN();
+    auto it = busy_.lower_bound(end);
+    if (it == busy_.begin()) return std::numeric_limits<double>::quiet_NaN();
+    --it;
+    return it->second > start ? it->second : std::numeric_limits<double>::quiet_NaN();
   }
 
   // Books [start, end), merging it with whatever it overlaps or touches. Booking an interval

@@ -1,14 +1,23 @@
 // Executes a Schedule under a CostModel and predicts time, memory and traffic.
 //
-// Semantics (DESIGN.md section 4): each stage issues its ops in program order, an op never
-// starting before its predecessor on the same stage starts. Engines per stage: one compute
-// engine, a send and a recv engine for P2P, a D2H and an H2D copy engine (one shared engine when
-// CostModel::shared_copy_engine). P2P is a rendezvous: a SEND and its RECV start together, once
-// both are issued and both engines are free, and take p2p_latency + bytes / p2p_bandwidth.
-// F and B wait for the RECV that brings their input; B and W of an offloaded entry wait for its
-// RELOAD to finish; RELEASE waits for its OFFLOAD to finish (gating the ops after it); BARRIER
-// waits for its partner. Memory follows program order: +entry at F and RELOAD, -entry at RELEASE
-// and at B (unsplit) or W (split).
+// Semantics (DESIGN.md section 4), matching the runtime's executor: each stage issues its ops in
+// program order. Engines per stage: one compute engine, a send and a recv engine for P2P, a D2H
+// and an H2D copy engine (one shared engine when CostModel::shared_copy_engine).
+//  - A SEND or RECV is *posted* at its issue time (the start of the latest op before it that
+//    started; posts do not count) and does not hold up the ops after it: the runtime posts a
+//    non-blocking request and moves on. Its transfer starts at max(send posted, recv posted,
+//    the end of the F/B that produced the data, the sender's send engine free, the receiver's
+//    recv engine free) and takes p2p_latency + bytes / p2p_bandwidth; each stage's sends, and
+//    its receives, move in program order. A TimedOp of a SEND/RECV is its transfer.
+//  - F and B wait for the transfer of the RECV that brings their input. A compute op starts no
+//    earlier than the previous compute op ends and the previous op (of any kind but SEND/RECV)
+//    starts. B and W of an offloaded entry wait for its RELOAD to finish.
+//  - OFFLOAD and RELOAD start when issued, their F done (OFFLOAD) and their copy engine free;
+//    RELEASE waits for its OFFLOAD to finish, and the ops after it wait for the RELEASE; BARRIER
+//    is a rendezvous with its partner and gates the ops after it.
+// Memory follows program order: +entry at F and RELOAD, -entry at RELEASE and at B (unsplit) or
+// W (split). Validate's deadlock check is stricter (blocking rendezvous for SEND/RECV too), so a
+// schedule that passes Validate never hangs here.
 #ifndef PIPEOFFLOAD_SIMULATE_H_
 #define PIPEOFFLOAD_SIMULATE_H_
 

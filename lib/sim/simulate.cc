@@ -2,18 +2,25 @@
 // predicts time, memory and traffic (semantics: simulate.h).
 //
 // Invariants of the event loop (EventLoop below):
-//  - each stage has one head op; every op before it has started, so when an op becomes the head
-//    its own-stage dependencies (RECV before F/B, F before SEND/OFFLOAD, OFFLOAD before
-//    RELEASE/RELOAD, RELOAD before B/W) and its engines' free times are already known, and so
-//    is its earliest start ("ready" time);
-//  - a head that is a rendezvous op (SEND/RECV/BARRIER) is parked until its partner is the
-//    head of the partner's stage; the two then start together as one event;
-//  - events leave the queue in nondecreasing start time (a new head is never ready before the
-//    op it follows started), so when a transfer starts, every transfer that started before it
-//    is known: "is the opposite direction of this host link busy" is one lookup of the latest
-//    end time on that link direction;
-//  - a head whose dependency is missing, or later in its own program, never becomes ready; when
-//    the queue runs dry with ops left, the programs hang and the error shows where.
+//  - each stage has one head op; every op before it has started (compute, copies, RELEASE,
+//    BARRIER) or been posted (SEND/RECV), so when an op becomes the head its own-stage
+//    dependencies (F before SEND/OFFLOAD, OFFLOAD before RELEASE/RELOAD, RELOAD before B/W) and
+//    its engines' free times are known; only the transfer behind a RECV it consumes may still be
+//    open, and then the head waits for that transfer ("waits_for") instead of being queued;
+//  - a SEND or RECV head is posted at once, at the stage's issue time, and the head moves on: a
+//    post never gates the ops after it. A transfer is resolved (its start and end fixed) as soon
+//    as both ends are posted and every earlier send of the sender and every earlier receive of
+//    the receiver is resolved (each engine moves messages in program order); its start is then
+//    max(both posts, the producer's end, both engines free), all of them known;
+//  - a BARRIER head is parked until its partner is the head of the partner's stage; the two
+//    then start together as one event;
+//  - events leave the queue in nondecreasing start time: posts happen at the current time, so a
+//    transfer never starts before the event that resolved it, nor a consumer before its data;
+//    when a copy starts, every copy that started before it is known, so "is the opposite
+//    direction of this host link busy" is one lookup of the latest end time on that direction;
+//  - a head whose dependency is missing, or later in its own program, never becomes ready, and
+//    a transfer whose partner never posts never resolves; when the queue runs dry with ops left
+//    or transfers open, the programs hang and the error shows where.
 #include "pipeoffload/simulate.h"
 
 #include <algorithm>
@@ -38,8 +45,9 @@ namespace {
 
 using internal::ScheduleIndex;
 
-// Engine slots of one stage. With a shared copy engine, D2H and H2D use the same slot.
-enum Slot : int { kComputeSlot, kSendSlot, kRecvSlot, kD2HSlot, kH2DSlot, kNumSlots };
+// Engine slots of one stage that the head-of-line logic times. With a shared copy engine, D2H
+// and H2D use the same slot. The send and recv engines belong to the transfer chains.
+enum Slot : int { kComputeSlot, kD2HSlot, kH2DSlot, kNumSlots };
 
 // Two instants closer than this (relative to the times involved) count as equal: a transfer
 // that starts exactly when another ends does not see it busy, despite rounding.
@@ -94,20 +102,34 @@ class EventLoop {
         p_(schedule.spec.num_stages),
         num_virtual_(schedule.spec.num_virtual_stages()),
         split_(schedule.spec.split_backward),
+        p2p_duration_(cost.p2p_latency +
+                      static_cast<double>(cost.boundary_bytes) / cost.p2p_bandwidth),
         stages_(static_cast<std::size_t>(p_)),
         timed_(static_cast<std::size_t>(p_)) {
     const int groups = (p_ + cost.host_link_group_size - 1) / cost.host_link_group_size;
     link_end_.assign(static_cast<std::size_t>(groups), {0.0, 0.0});
-    for (int s = 0; s < p_; ++s) timed_[static_cast<std::size_t>(s)].resize(Ops(s).size());
+    for (int s = 0; s < p_; ++s) {
+      const std::vector<Op>& ops = Ops(s);
+      timed_[static_cast<std::size_t>(s)].resize(ops.size());
+      StageState& state = State(s);
+      state.post.assign(ops.size(), -1.0);
+      state.resolved.assign(ops.size(), 0);
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        const OpKind kind = ops[static_cast<std::size_t>(i)].kind;
+        if (IsP2P(kind)) (IsSend(kind) ? state.sends : state.recvs).push_back(i);
+      }
+    }
   }
 
   // Runs to completion; the timed ops land in *timed. FailedPrecondition on a hang.
   absl::Status Run(std::vector<std::vector<TimedOp>>* timed) {
-    for (int s = 0; s < p_; ++s) Arm(s);
+    for (int s = 0; s < p_; ++s) to_arm_.push_back(s);
+    Settle();
     while (!queue_.empty()) {
       const auto [time, s] = queue_.top();
       queue_.pop();
       Fire(s, time);
+      Settle();
     }
     PO_RETURN_IF_ERROR(HangReport());
     *timed = std::move(timed_);
@@ -117,18 +139,31 @@ class EventLoop {
  private:
   struct StageState {
     int head = 0;
-    double issue = 0.0;  // start of the previous op: in-order issue
+    double issue = 0.0;  // start of the latest started op (posts do not move it): in-order issue
     std::array<double, kNumSlots> engine_free{};
-    bool parked = false;  // the head is a rendezvous op waiting for its partner
+    bool parked = false;  // the head is a BARRIER waiting for its partner
     double ready = 0.0;   // the parked head's own earliest start
+    int waits_for = -1;   // the head waits for the transfer of this RECV (an index), or -1
     std::string stuck;    // why the head can never start; "" when it can
+    // P2P: program indices of the stage's sends and receives in program order, how many of
+    // each are resolved (a prefix: each engine moves messages in program order), when each
+    // engine frees up, and per op its post time (-1: not posted) and whether it is resolved.
+    std::vector<int> sends, recvs;
+    std::size_t sends_done = 0, recvs_done = 0;
+    double send_free = 0.0, recv_free = 0.0;
+    std::vector<double> post;
+    std::vector<char> resolved;
   };
 
   const std::vector<Op>& Ops(int s) const {
     return schedule_.stages[static_cast<std::size_t>(s)].ops;
   }
+  const Op& OpAt(int s, int i) const { return Ops(s)[static_cast<std::size_t>(i)]; }
   StageState& State(int s) { return stages_[static_cast<std::size_t>(s)]; }
   const StageState& State(int s) const { return stages_[static_cast<std::size_t>(s)]; }
+  TimedOp& Timed(int s, int i) {
+    return timed_[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)];
+  }
   const TimedOp& Timed(int s, int i) const {
     return timed_[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)];
   }
@@ -136,10 +171,6 @@ class EventLoop {
     switch (EngineOf(kind)) {
       case Engine::kCompute:
         return kComputeSlot;
-      case Engine::kSend:
-        return kSendSlot;
-      case Engine::kRecv:
-        return kRecvSlot;
       case Engine::kD2H:
         return kD2HSlot;
       case Engine::kH2D:
@@ -148,16 +179,28 @@ class EventLoop {
         return -1;
     }
   }
+  std::string Where(int s, int i) const {
+    return OpToString(OpAt(s, i)) + " (stage " + std::to_string(s) + " op " + std::to_string(i) +
+           ")";
+  }
 
   // Folds the end of (kind, mb, chunk) on stage s into *t; false (with *why) when that op is
-  // not before the head, so the head can never start.
-  bool After(int s, OpKind kind, int mb, int chunk, double* t, std::string* why) const {
+  // not before the head, so the head can never start. A RECV before the head whose transfer is
+  // still open also yields false, with *waits_for set to it (the head is not stuck, only
+  // waiting).
+  bool After(int s, OpKind kind, int mb, int chunk, double* t, std::string* why,
+             int* waits_for) const {
     const int j = index_.Position(s, kind, mb, chunk);
     if (j >= 0 && j < State(s).head) {
+      if (IsP2P(kind) && !State(s).resolved[static_cast<std::size_t>(j)]) {
+        *waits_for = j;
+        return false;
+      }
       *t = std::max(*t, Timed(s, j).end);
       return true;
     }
-    *why = "needs " + OpToString(Op{kind, mb, chunk, -1}) +
+    *why = "needs " + std::string(OpKindName(kind)) + std::to_string(mb) + "." +
+           std::to_string(chunk) +
            (j < 0 ? ", which is not in its program"
                   : ", which comes later, at op " + std::to_string(j));
     return false;
@@ -168,49 +211,54 @@ class EventLoop {
            index_.Position(s, OpKind::kRelease, mb, chunk) >= 0;
   }
 
-  // The head's earliest start from its own stage, or nullopt with *why.
-  std::optional<double> OwnReady(int s, std::string* why) const {
+  // The head's earliest start (a post time for SEND/RECV) from its own stage, or nullopt with
+  // *why (stuck) or *waits_for (an open transfer).
+  std::optional<double> OwnReady(int s, std::string* why, int* waits_for) const {
     const StageState& state = State(s);
-    const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
+    const Op& op = OpAt(s, state.head);
     double t = state.issue;
     if (const int slot = Slot(op.kind); slot >= 0) {
       t = std::max(t, state.engine_free[static_cast<std::size_t>(slot)]);
     }
     const int l = internal::VirtualStageOf(s, op.chunk, p_);
+    // The producer of a SEND must precede it, but its end only bounds the transfer: `ignored`.
+    double ignored = 0.0;
     bool ok = true;
     switch (op.kind) {
       case OpKind::kForward:
         if (l > 0) {
-          ok = p_ > 1 ? After(s, OpKind::kRecvActivation, op.mb, op.chunk, &t, why)
-                      : After(s, OpKind::kForward, op.mb, op.chunk - 1, &t, why);
+          ok = p_ > 1 ? After(s, OpKind::kRecvActivation, op.mb, op.chunk, &t, why, waits_for)
+                      : After(s, OpKind::kForward, op.mb, op.chunk - 1, &t, why, waits_for);
         }
         break;
       case OpKind::kBackward:
-        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why);
+        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why, waits_for);
         if (ok && l < num_virtual_ - 1) {
-          ok = p_ > 1 ? After(s, OpKind::kRecvGrad, op.mb, op.chunk, &t, why)
-                      : After(s, OpKind::kBackward, op.mb, op.chunk + 1, &t, why);
+          ok = p_ > 1 ? After(s, OpKind::kRecvGrad, op.mb, op.chunk, &t, why, waits_for)
+                      : After(s, OpKind::kBackward, op.mb, op.chunk + 1, &t, why, waits_for);
         }
         if (ok && Offloaded(s, op.mb, op.chunk)) {
-          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why);
+          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why, waits_for);
         }
         break;
       case OpKind::kBackwardWeight:
-        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &t, why);
+        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &t, why, waits_for);
         if (ok && Offloaded(s, op.mb, op.chunk)) {
-          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why);
+          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why, waits_for);
         }
         break;
       case OpKind::kSendActivation:
+        ok = After(s, OpKind::kForward, op.mb, op.chunk, &ignored, why, waits_for);
+        break;
       case OpKind::kOffload:
-        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why);
+        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why, waits_for);
         break;
       case OpKind::kSendGrad:
-        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &t, why);
+        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &ignored, why, waits_for);
         break;
       case OpKind::kRelease:
       case OpKind::kReload:
-        ok = After(s, OpKind::kOffload, op.mb, op.chunk, &t, why);
+        ok = After(s, OpKind::kOffload, op.mb, op.chunk, &t, why, waits_for);
         break;
       default:
         break;  // RECV and BARRIER depend on their partner only
@@ -219,53 +267,129 @@ class EventLoop {
     return t;
   }
 
-  // The head of s changed: queue it, park it, or mark it stuck.
+  // Arms stages and resolves transfers until nothing changes at the current time.
+  void Settle() {
+    while (!to_arm_.empty() || !to_check_.empty()) {
+      if (!to_check_.empty()) {
+        const int s = to_check_.back();
+        to_check_.pop_back();
+        ResolveSends(s);
+        continue;
+      }
+      const int s = to_arm_.back();
+      to_arm_.pop_back();
+      Arm(s);
+    }
+  }
+
+  // The head of s changed (or the transfer it waited for resolved): post SEND/RECV heads, then
+  // queue the next head, park it, or note what it waits for.
   void Arm(int s) {
     StageState& state = State(s);
     state.parked = false;
+    state.waits_for = -1;
     state.stuck.clear();
-    if (static_cast<std::size_t>(state.head) >= Ops(s).size()) return;
-    std::optional<double> ready = OwnReady(s, &state.stuck);
-    if (!ready) return;
-    const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
-    if (!HasPeer(op.kind)) {
-      queue_.push({*ready, s});
+    while (static_cast<std::size_t>(state.head) < Ops(s).size()) {
+      const Op& op = OpAt(s, state.head);
+      std::optional<double> ready = OwnReady(s, &state.stuck, &state.waits_for);
+      if (!ready) return;
+      if (IsP2P(op.kind)) {
+        Post(s, state.head, *ready);
+        ++state.head;
+        continue;
+      }
+      if (op.kind != OpKind::kBarrier) {
+        queue_.push({*ready, s});
+        return;
+      }
+      const int partner = index_.Partner(s, state.head);
+      if (partner < 0) {
+        state.stuck = "has no partner on stage " + std::to_string(op.peer);
+        return;
+      }
+      StageState& other = State(op.peer);
+      if (other.parked && other.head == partner) {
+        other.parked = false;
+        queue_.push({std::max(*ready, other.ready), s});
+        return;
+      }
+      state.parked = true;
+      state.ready = *ready;
       return;
     }
-    const int partner = index_.Partner(s, state.head);
-    if (partner < 0) {
-      state.stuck = "has no partner on stage " + std::to_string(op.peer);
-      return;
-    }
-    StageState& other = State(op.peer);
-    if (other.parked && other.head == partner) {
-      other.parked = false;
-      queue_.push({std::max(*ready, other.ready), s});
-      return;
-    }
-    state.parked = true;
-    state.ready = *ready;
   }
 
-  // Starts the head of s (and of its partner stage, for a rendezvous) at t.
+  // Posts P2P op i of s at t and looks for the transfers that may now resolve.
+  void Post(int s, int i, double t) {
+    StageState& state = State(s);
+    state.post[static_cast<std::size_t>(i)] = t;
+    const Op& op = OpAt(s, i);
+    Timed(s, i) = TimedOp{s, i, op, EngineOf(op.kind), t, t, cost_.boundary_bytes};
+    if (IsSend(op.kind)) {
+      to_check_.push_back(s);
+    } else if (index_.Partner(s, i) >= 0) {
+      to_check_.push_back(op.peer);  // the sender's chain may be waiting for this receive
+    }
+  }
+
+  // Resolves, in program order, the transfers behind stage s's sends whose both ends are
+  // posted and whose receives are next on their receivers' recv engines.
+  void ResolveSends(int s) {
+    StageState& sender = State(s);
+    while (sender.sends_done < sender.sends.size()) {
+      const int i = sender.sends[sender.sends_done];
+      if (sender.post[static_cast<std::size_t>(i)] < 0) return;
+      const Op& op = OpAt(s, i);
+      const int j = index_.Partner(s, i);
+      if (j < 0) return;
+      StageState& receiver = State(op.peer);
+      if (receiver.post[static_cast<std::size_t>(j)] < 0) return;
+      if (receiver.recvs_done >= receiver.recvs.size() ||
+          receiver.recvs[receiver.recvs_done] != j) {
+        return;  // an earlier receive of that stage is still open; it will check us again
+      }
+      const OpKind producer =
+          op.kind == OpKind::kSendActivation ? OpKind::kForward : OpKind::kBackward;
+      const int k = index_.Position(s, producer, op.mb, op.chunk);  // before i: Arm checked
+      const double start =
+          std::max({sender.post[static_cast<std::size_t>(i)],
+                    receiver.post[static_cast<std::size_t>(j)], Timed(s, k).end,
+                    sender.send_free, receiver.recv_free});
+      const double end = start + p2p_duration_;
+      for (const auto& [stage, index] : {std::pair{s, i}, std::pair{op.peer, j}}) {
+        TimedOp& timed = Timed(stage, index);
+        timed.start = start;
+        timed.end = end;
+        State(stage).resolved[static_cast<std::size_t>(index)] = 1;
+      }
+      sender.send_free = end;
+      receiver.recv_free = end;
+      ++sender.sends_done;
+      ++receiver.recvs_done;
+      if (receiver.waits_for == j) to_arm_.push_back(op.peer);
+      // The receiver's next receive may pair with a send of another stage.
+      if (receiver.recvs_done < receiver.recvs.size()) {
+        const int next = receiver.recvs[receiver.recvs_done];
+        if (index_.Partner(op.peer, next) >= 0) to_check_.push_back(OpAt(op.peer, next).peer);
+      }
+    }
+  }
+
+  // Starts the head of s (and of its partner stage, for a BARRIER) at t.
   void Fire(int s, double t) {
-    const Op& op = Ops(s)[static_cast<std::size_t>(State(s).head)];
-    if (!HasPeer(op.kind)) {
+    const Op& op = OpAt(s, State(s).head);
+    if (op.kind != OpKind::kBarrier) {
       Start(s, t, Duration(s, op, t));
-      Arm(s);
+      to_arm_.push_back(s);
       return;
     }
-    const double duration =
-        IsP2P(op.kind)
-            ? cost_.p2p_latency + static_cast<double>(cost_.boundary_bytes) / cost_.p2p_bandwidth
-            : 0.0;
-    Start(s, t, duration);
-    Start(op.peer, t, duration);
-    Arm(s);
-    Arm(op.peer);
+    Start(s, t, 0.0);
+    Start(op.peer, t, 0.0);
+    to_arm_.push_back(s);
+    to_arm_.push_back(op.peer);
   }
 
-  // Duration of a non-rendezvous op starting at t; decides a transfer's bandwidth.
+  // Duration of a compute op or copy starting at t; decides a copy's bandwidth.
   double Duration(int s, const Op& op, double t) const {
     switch (op.kind) {
       case OpKind::kForward:
@@ -290,10 +414,9 @@ class EventLoop {
 
   void Start(int s, double t, double duration) {
     StageState& state = State(s);
-    const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
-    TimedOp& timed = timed_[static_cast<std::size_t>(s)][static_cast<std::size_t>(state.head)];
+    const Op& op = OpAt(s, state.head);
+    TimedOp& timed = Timed(s, state.head);
     timed = TimedOp{s, state.head, op, EngineOf(op.kind), t, t + duration, 0};
-    if (IsP2P(op.kind)) timed.bytes = cost_.boundary_bytes;
     if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
       timed.bytes = cost_.ActivationBytes(s, op.chunk, p_);
       double& end = link_end_[static_cast<std::size_t>(s / cost_.host_link_group_size)]
@@ -307,31 +430,72 @@ class EventLoop {
     ++state.head;
   }
 
+  // Why the transfer behind posted P2P op i of s never happens.
+  std::string OpenTransfer(int s, int i) const {
+    const Op& op = OpAt(s, i);
+    const int j = index_.Partner(s, i);
+    if (j < 0) return "has no partner on stage " + std::to_string(op.peer);
+    const StageState& state = State(s);
+    const StageState& other = State(op.peer);
+    const std::vector<int>& own_chain = IsSend(op.kind) ? state.sends : state.recvs;
+    const std::size_t own_done = IsSend(op.kind) ? state.sends_done : state.recvs_done;
+    if (own_chain[own_done] != i) {
+      return "queues on stage " + std::to_string(s) + "'s " + (IsSend(op.kind) ? "send" : "recv") +
+             " engine behind " + Where(s, own_chain[own_done]);
+    }
+    if (other.post[static_cast<std::size_t>(j)] < 0) {
+      return "waits for its partner " + Where(op.peer, j) + ", but stage " +
+             std::to_string(op.peer) + " is at op " + std::to_string(other.head);
+    }
+    const std::vector<int>& peer_chain = IsSend(op.kind) ? other.recvs : other.sends;
+    const std::size_t peer_done = IsSend(op.kind) ? other.recvs_done : other.sends_done;
+    return "waits for its partner " + Where(op.peer, j) + ", which queues behind " +
+           Where(op.peer, peer_chain[peer_done]);
+  }
+
   absl::Status HangReport() const {
     std::vector<internal::GridMark> marks;
     std::string detail;
     int listed = 0;
+    const auto note = [&](int s, int i, const std::string& why) {
+      marks.push_back({s, i});
+      if (++listed > 8) return;
+      detail += "\n  stage " + std::to_string(s) + " op " + std::to_string(i) + " " +
+                OpToString(OpAt(s, i)) + " " + why;
+    };
     for (int s = 0; s < p_; ++s) {
       const StageState& state = State(s);
       if (static_cast<std::size_t>(state.head) >= Ops(s).size()) continue;
-      marks.push_back({s, state.head});
-      if (++listed > 8) continue;
-      const Op& op = Ops(s)[static_cast<std::size_t>(state.head)];
-      detail += "\n  stage " + std::to_string(s) + " op " + std::to_string(state.head) + " " +
-                OpToString(op) + " ";
-      if (!state.parked) {
-        detail += state.stuck;
-        continue;
+      const Op& op = OpAt(s, state.head);
+      if (state.waits_for >= 0) {
+        note(s, state.head,
+             "waits for the transfer of " + OpToString(OpAt(s, state.waits_for)) + " (op " +
+                 std::to_string(state.waits_for) + "), which " +
+                 OpenTransfer(s, state.waits_for));
+      } else if (state.parked) {
+        const int partner = index_.Partner(s, state.head);
+        note(s, state.head,
+             "waits for its partner " + Where(op.peer, partner) + ", but stage " +
+                 std::to_string(op.peer) + " is at op " + std::to_string(State(op.peer).head));
+      } else {
+        note(s, state.head, state.stuck);
       }
-      const int partner = index_.Partner(s, state.head);
-      const StageState& other = State(op.peer);
-      detail += "waits for its partner " +
-                OpToString(Ops(op.peer)[static_cast<std::size_t>(partner)]) + " (stage " +
-                std::to_string(op.peer) + " op " + std::to_string(partner) + "), but stage " +
-                std::to_string(op.peer) + " is at op " + std::to_string(other.head);
+    }
+    // Posted messages that never move, first on each engine (the runtime waits for every send
+    // and receive before the iteration ends).
+    for (int s = 0; s < p_; ++s) {
+      const StageState& state = State(s);
+      for (const auto& [chain, done] : {std::pair{&state.sends, state.sends_done},
+                                        std::pair{&state.recvs, state.recvs_done}}) {
+        if (done >= chain->size()) continue;
+        const int i = (*chain)[done];
+        if (state.post[static_cast<std::size_t>(i)] < 0) continue;  // behind the head
+        if (state.waits_for == i) continue;                          // reported above
+        note(s, i, OpenTransfer(s, i));
+      }
     }
     if (marks.empty()) return absl::OkStatus();
-    if (listed > 8) detail += "\n  ... and " + std::to_string(listed - 8) + " more stages";
+    if (listed > 8) detail += "\n  ... and " + std::to_string(listed - 8) + " more";
     return absl::FailedPreconditionError(
         "Simulate: the programs hang (a dependency never resolves):" + detail + "\n" +
         internal::FormatStepGrid(schedule_.stages, marks, "blocked op"));
@@ -342,12 +506,15 @@ class EventLoop {
   const CostModel& cost_;
   const int p_, num_virtual_;
   const bool split_;
+  const double p2p_duration_;
   std::vector<StageState> stages_;
   std::vector<std::vector<TimedOp>> timed_;
   std::vector<std::array<double, 2>> link_end_;  // [host link][0 = D2H, 1 = H2D]: latest end
   // (start time, stage): the earliest event first; the stage breaks ties deterministically.
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
       queue_;
+  std::vector<int> to_arm_;    // stages whose head may move at the current time
+  std::vector<int> to_check_;  // stages whose send chain may resolve at the current time
 };
 
 // Timed ops of `schedule`, or why it cannot be simulated. REQUIRES: CheckStructure(schedule,

@@ -1,7 +1,8 @@
 // Tests of the offload planner (issue 3): its pieces alone (slot occupancy, one stage's plan,
-// barrier placement), then whole plans through Compile: validity, no stall and no overlapping
-// copies over sweeps, the issue's numbers, bandwidth-limited warnings, strict mode, `auto`,
-// errors, and a fuzz over the spec space. Tag: [planner].
+// barrier placement), then whole plans through Compile: validity, the overhead budget, no
+// overlapping copies over sweeps, the issue's numbers with the default pairs of stages per host
+// link (gated warm-ups), bandwidth-limited warnings, strict mode, `auto`, errors, and a fuzz
+// over the spec space. Tag: [planner].
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -112,8 +113,12 @@ int OffloadOverlaps(const Timeline& timeline, const CostModel& cost, int p) {
   return overlaps;
 }
 
-// Everything every emitted plan must satisfy: valid; as fast as the same order without
-// offload; no offload copy overlapping another transfer of its link direction; each RELOAD
+// The planner's overhead budget (offload_planner.cc, kOverheadBudget): a plan may be this much
+// slower than the same order without offload, and no more.
+constexpr double kOverhead = 0.01;
+
+// Everything every emitted plan must satisfy: valid; within kOverhead of the same order
+// without offload; no offload copy overlapping another transfer of its link direction; each RELOAD
 // done `reload_margin` before its B; peaks never above the plan without offload; predictions
 // equal to a fresh simulation; no internal-check warning.
 void CheckPlan(const Schedule& schedule, const CostModel& cost) {
@@ -123,7 +128,7 @@ void CheckPlan(const Schedule& schedule, const CostModel& cost) {
   const absl::StatusOr<Timeline> timeline = Simulate(schedule, cost);
   REQUIRE(timeline.ok());
   const Predictions& predicted = timeline->predictions;
-  CHECK(predicted.step_time <= predicted.step_time_without_offload * (1 + 1e-9) + 1e-12);
+  CHECK(predicted.step_time <= predicted.step_time_without_offload * (1 + kOverhead) + 1e-12);
   CHECK(OffloadOverlaps(*timeline, cost, schedule.spec.num_stages) == 0);
   for (std::size_t s = 0; s < predicted.stages.size(); ++s) {
     CHECK(predicted.stages[s].peak_bytes <= predicted.stages[s].peak_bytes_without_offload);
@@ -192,6 +197,15 @@ TEST_CASE("slot occupancy books half-open intervals and merges them", "[planner]
   slots.Add(6.0, 6.0);  // an empty one books nothing
   CHECK(slots.NumIntervals() == 1);
   CHECK(slots.BusyTime() == Catch::Approx(3.5));
+  // Where a search may jump: [0.5, 4) and [7, 9) booked.
+  slots.Add(7.0, 9.0);
+  CHECK(slots.EarliestOverlapStart(3.0, 8.0) == 0.5);  // both overlap: the earlier start
+  CHECK(slots.LatestOverlapEnd(3.0, 8.0) == 9.0);      // and the later end
+  CHECK(slots.EarliestOverlapStart(8.5, 10.0) == 7.0);
+  CHECK(slots.LatestOverlapEnd(0.0, 1.0) == 4.0);
+  CHECK(std::isnan(slots.EarliestOverlapStart(4.0, 7.0)));  // the free hole between them
+  CHECK(std::isnan(slots.LatestOverlapEnd(4.0, 7.0)));
+  CHECK(std::isnan(slots.LatestOverlapEnd(2.0, 2.0)));  // empty
 }
 
 // One stage, p = 1, m = 3, unsplit: F0 F1 F2 at 0, 1, 2; B0 B1 B2 at 10, 12, 14. Entries of one
@@ -310,8 +324,8 @@ TEST_CASE("barriers pair hand-overs at the same cut on both stages", "[planner]"
   REQUIRE(barriers[0].size() == 4);
   REQUIRE(barriers[1].size() == 4);
   const std::vector<double> times = {1.0, 1.5, 2.0, 2.5};
-  const std::vector<int> gaps_a = {2, 2, 3, 3};  // first op of 4 starting after t
-  const std::vector<int> gaps_b = {1, 2, 2, 3};  // first op of 5 starting after t
+  const std::vector<int> gaps_a = {1, 2, 2, 3};  // first op of 4 starting at or after t
+  const std::vector<int> gaps_b = {1, 1, 2, 2};  // first op of 5 starting at or after t
   for (int i = 0; i < 4; ++i) {
     CAPTURE(i);
     CHECK(barriers[0][i].op.kind == OpKind::kBarrier);
@@ -415,17 +429,22 @@ TEST_CASE("P2P on the host link never overlaps an offload copy", "[planner]") {
 
 // The issue's numbers. UnitCostModel(k): F = B = W = 1 and one entry takes 3k each way. The
 // reference planner's k is the transfer time with the pair's link carrying both directions,
-// each stage using its own share (pipeoffload.md 1.4b): a link per stage here. With two stages
-// sharing one link and taking turns in one direction, the warm-up (one forward per time unit
-// on both stages) carries at most one entry per 3k, so the bound holds up to k = 1/6.
+// each stage using its own share (pipeoffload.md 1.4b). With the default two stages per host
+// link, a warm-up (one forward per time unit on both stages) makes activations faster than
+// one direction of the link carries them (2 x 0.75 at k = 0.25); the planner gates warm-up
+// forwards behind the D2H of the entry before them where the pipeline has slack there, within
+// its 1% overhead budget.
 TEST_CASE("po-f on 1F1B at k <= 0.25 keeps every offloading stage at <= 3 units", "[planner]") {
   for (const int p : {4, 5, 8, 16, 32}) {
     for (const bool split : {false, true}) {
-      for (const auto& [k, link_group] : {std::pair{0.25, 1}, std::pair{0.1, 1},
-                                          std::pair{0.15, 2}, std::pair{0.1, 2}}) {
+      for (const auto& [k, link_group] : {std::pair{0.25, 2}, std::pair{0.2, 2},
+                                          std::pair{0.1, 2}, std::pair{0.25, 1},
+                                          std::pair{0.1, 1}}) {
         const PipelineSpec spec =
             Spec(Family::k1F1B, p, 4 * p, 1, 0, split, OffloadPolicy::kFull);
-        const CostModel cost = Unit(k, link_group);
+        CostModel cost = UnitCostModel(k);  // the default host_link_group_size: pairs
+        if (link_group == 1) cost.host_link_group_size = 1;
+        REQUIRE(cost.host_link_group_size == link_group);
         Schedule schedule;
         const std::vector<std::int64_t> peaks = Peaks(spec, cost, &schedule);
         const Predictions& predicted = *schedule.predictions;
@@ -447,34 +466,79 @@ TEST_CASE("po-f on 1F1B at k <= 0.25 keeps every offloading stage at <= 3 units"
 TEST_CASE("group-interleaved p=8 v=2 g=4 with full offload at k=0.25 peaks at <= 4 units",
           "[planner]") {
   for (const bool split : {false, true}) {
-    const PipelineSpec spec =
-        Spec(Family::kGroupInterleaved, 8, 32, 2, 4, split, OffloadPolicy::kFull);
-    const CostModel cost = Unit(0.25, 1);
-    Schedule schedule;
-    const std::vector<std::int64_t> peaks = Peaks(spec, cost, &schedule);
-    const Predictions& predicted = *schedule.predictions;
-    CHECK(predicted.stages[0].peak_units_without_offload == 12);
-    CHECK(Max(peaks) <= 4);
-    CHECK(predicted.step_time <= 1.01 * predicted.step_time_without_offload);
+    for (const int link_group : {2, 1}) {
+      CAPTURE(split, link_group);
+      const PipelineSpec spec =
+          Spec(Family::kGroupInterleaved, 8, 32, 2, 4, split, OffloadPolicy::kFull);
+      CostModel cost = UnitCostModel(0.25);
+      if (link_group == 1) cost.host_link_group_size = 1;
+      REQUIRE(cost.host_link_group_size == link_group);
+      Schedule schedule;
+      const std::vector<std::int64_t> peaks = Peaks(spec, cost, &schedule);
+      const Predictions& predicted = *schedule.predictions;
+      CHECK(predicted.stages[0].peak_units_without_offload == 12);
+      for (int d = 0; d < 8; ++d) {
+        CAPTURE(d);
+        CHECK(peaks[d] <= 4);
+      }
+      CHECK(predicted.step_time <= 1.01 * predicted.step_time_without_offload);
+    }
   }
-  // Two stages per link, below the pair's warm-up limit (see the 1F1B case).
-  const std::vector<std::int64_t> paired = Peaks(
-      Spec(Family::kGroupInterleaved, 8, 32, 2, 4, true, OffloadPolicy::kFull), Unit(0.15, 2));
-  CHECK(Max(paired) <= 4);
+}
+
+// Pairs sharing a link at k = 0.25, wider pipelines and more chunks: the gated warm-up keeps
+// every stage at a few entries where the links alone could not (peaks of 8 to 34 entries on
+// some stages before it), within the overhead budget.
+TEST_CASE("gated warm-ups keep wide group-interleaved pipelines low on shared links",
+          "[planner]") {
+  for (const auto& [p, v, split] : {std::tuple{16, 2, false}, std::tuple{16, 4, false},
+                                    std::tuple{16, 4, true}, std::tuple{8, 4, false}}) {
+    CAPTURE(p, v, split);
+    const PipelineSpec spec =
+        Spec(Family::kGroupInterleaved, p, 4 * p, v, 0, split, OffloadPolicy::kFull);
+    Schedule schedule;
+    const std::vector<std::int64_t> peaks = Peaks(spec, UnitCostModel(0.25), &schedule);
+    const Predictions& predicted = *schedule.predictions;
+    CHECK(Max(peaks) <= 3);
+    CHECK(predicted.step_time <= 1.01 * predicted.step_time_without_offload);
+    // The warm-up is where the gating shows: stage 0 releases each early forward's entry
+    // before its next forward, so no two warm-up entries are ever on the device together.
+    const std::vector<Op>& ops = schedule.stages[0].ops;
+    int forwards = 0;
+    int resident = 0, most = 0;
+    for (const Op& op : ops) {
+      if (op.kind == OpKind::kBackward) break;
+      if (op.kind == OpKind::kForward) {
+        ++forwards;
+        most = std::max(most, ++resident);
+      }
+      if (op.kind == OpKind::kRelease) --resident;
+    }
+    CHECK(forwards > 4);
+    CHECK(most <= 2);
+  }
 }
 
 // Half the volume, chosen by the planner, against the same order without offload. The
 // reference's claim (pipeoffload.md section 2) is about steady-state averages; in program order
-// a group's burst of forwards of the chunks kept on the device sets a floor (10 units for both
-// orders here), so per stage the cut is at least half where the peak is high, and summed over
-// the stages, and for the pipeline's peak with p=16, v=2, g=8, it is more than half.
+// peaks count. For p=16, v=2, g=8 the cut is more than half (24 -> 10 at k = 0.1, 11 at
+// 0.25, with pairs). For p=8, v=4, g=4 it is exactly half (20 -> 10): half the volume is 8 of
+// the 16 entries a group of 4 microbatches makes per stage, and the best 8 are chunks 0 and 1
+// (off the device across 2 and 1.5 groups' peaks); at the steady-state peak the group's
+// chunk-2 and chunk-3 entries (8) and two reloaded ahead of their B remain, and trading a
+// chunk-0/1 entry for a chunk-2 one (off across one peak) cannot lower it. The planner's
+// frontier there is linear: 9 units at 9/16 of the volume, 8 at 10/16.
 TEST_CASE("selective offload is better than linear", "[planner]") {
   for (const auto& [p, v, g] : {std::tuple{16, 2, 8}, std::tuple{8, 4, 4}}) {
-    for (const int link_group : {1, 2}) {
-      CAPTURE(p, v, g, link_group);
+    for (const auto& [k, link_group] :
+         {std::pair{0.1, 2}, std::pair{0.1, 1}, std::pair{0.25, 2}}) {
+      if (v == 4 && k > 0.1) continue;  // 11 on one stage at k = 0.25: not asserted
+      CAPTURE(p, v, g, k, link_group);
       PipelineSpec spec = Spec(Family::kGroupInterleaved, p, 4 * p, v, g, true,
                                OffloadPolicy::kNone);
-      const CostModel cost = Unit(0.1, link_group);
+      CostModel cost = UnitCostModel(k);  // pairs by default
+      if (link_group == 1) cost.host_link_group_size = 1;
+      REQUIRE(cost.host_link_group_size == link_group);
       const std::vector<std::int64_t> before = Peaks(spec, cost);
       spec.offload = OffloadPolicy::kHalf;
       Schedule schedule;
@@ -486,7 +550,9 @@ TEST_CASE("selective offload is better than linear", "[planner]") {
         total_after += after[d];
       }
       CHECK(Max(before) == g * (v - 1) + p);  // pipeoffload.md section 2
-      CHECK(2 * total_after < total_before);
+      // At k = 0.25 the late stages' short-lived entries fit the shared links less well (5 of
+      // 9..12 units): the pipeline's peak, not the sum over the stages, is what drops by more.
+      if (k <= 0.1) CHECK(2 * total_after < total_before);
       CHECK(2 * Max(after) <= Max(before));
       if (v == 2) CHECK(2 * Max(after) < Max(before));
       CHECK(2 * after[0] <= before[0]);
@@ -531,7 +597,10 @@ TEST_CASE("offloading more never raises the planned peak", "[planner]") {
           for (int n = 1; n <= order.v; ++n) {
             spec.offload_chunks = n;
             const std::vector<std::int64_t> peaks = Peaks(spec, cost);
-            for (int d = 0; d < order.p; ++d) CHECK(peaks[d] <= by_chunks[d]);
+            for (int d = 0; d < order.p; ++d) {
+              CAPTURE(order.p, order.v, order.g, k, link_group, n, d);
+              CHECK(peaks[d] <= by_chunks[d]);
+            }
             by_chunks = peaks;
           }
           spec.offload_chunks = 0;
