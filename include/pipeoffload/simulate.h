@@ -36,6 +36,28 @@ enum class Engine : std::uint8_t { kCompute, kSend, kRecv, kD2H, kH2D, kNone };
 inline constexpr int kNumEngines = 5;  // engines that appear as trace tracks
 std::string_view EngineName(Engine engine);  // "compute", "send", "recv", "D2H", "H2D", "none"
 
+// The engine an op of `kind` occupies, in the simulator and in measured runs alike.
+inline Engine EngineOf(OpKind kind) {
+  switch (kind) {
+    case OpKind::kForward:
+    case OpKind::kBackward:
+    case OpKind::kBackwardWeight:
+      return Engine::kCompute;
+    case OpKind::kSendActivation:
+    case OpKind::kSendGrad:
+      return Engine::kSend;
+    case OpKind::kRecvActivation:
+    case OpKind::kRecvGrad:
+      return Engine::kRecv;
+    case OpKind::kOffload:
+      return Engine::kD2H;
+    case OpKind::kReload:
+      return Engine::kH2D;
+    default:
+      return Engine::kNone;
+  }
+}
+
 struct TimedOp {
   int stage = 0;
   int index = 0;  // position in the stage's program

@@ -43,27 +43,6 @@ namespace {
 using internal::Placement;
 using Key = std::pair<int, int>;  // (mb, chunk)
 
-Engine EngineOf(OpKind kind) {
-  switch (kind) {
-    case OpKind::kForward:
-    case OpKind::kBackward:
-    case OpKind::kBackwardWeight:
-      return Engine::kCompute;
-    case OpKind::kSendActivation:
-    case OpKind::kSendGrad:
-      return Engine::kSend;
-    case OpKind::kRecvActivation:
-    case OpKind::kRecvGrad:
-      return Engine::kRecv;
-    case OpKind::kOffload:
-      return Engine::kD2H;
-    case OpKind::kReload:
-      return Engine::kH2D;
-    default:
-      return Engine::kNone;
-  }
-}
-
 class StageExecutor final : public Executor {
  public:
   StageExecutor(const PipelineSpec& spec, const StageProgram& program, StageModel& model,

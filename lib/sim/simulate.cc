@@ -53,27 +53,6 @@ enum Slot : int { kComputeSlot, kD2HSlot, kH2DSlot, kNumSlots };
 // that starts exactly when another ends does not see it busy, despite rounding.
 bool Later(double a, double b) { return a - b > 1e-12 * std::max(1.0, std::fabs(b)); }
 
-Engine EngineOf(OpKind kind) {
-  switch (kind) {
-    case OpKind::kForward:
-    case OpKind::kBackward:
-    case OpKind::kBackwardWeight:
-      return Engine::kCompute;
-    case OpKind::kSendActivation:
-    case OpKind::kSendGrad:
-      return Engine::kSend;
-    case OpKind::kRecvActivation:
-    case OpKind::kRecvGrad:
-      return Engine::kRecv;
-    case OpKind::kOffload:
-      return Engine::kD2H;
-    case OpKind::kReload:
-      return Engine::kH2D;
-    default:
-      return Engine::kNone;
-  }
-}
-
 // Structural problems that would make the event loop's lookups ambiguous: FailedPrecondition
 // naming the first one (Validate names every invariant; this is the subset we rely on).
 absl::Status CheckStructure(const Schedule& schedule, const ScheduleIndex* index) {

@@ -22,15 +22,6 @@ namespace {
 
 using nlohmann::json;
 
-Engine EngineOf(OpKind kind) {
-  if (IsCompute(kind)) return Engine::kCompute;
-  if (kind == OpKind::kSendActivation || kind == OpKind::kSendGrad) return Engine::kSend;
-  if (kind == OpKind::kRecvActivation || kind == OpKind::kRecvGrad) return Engine::kRecv;
-  if (kind == OpKind::kOffload) return Engine::kD2H;
-  if (kind == OpKind::kReload) return Engine::kH2D;
-  return Engine::kNone;
-}
-
 TimedOp Timed(int stage, int index, Op op, double start, double end, std::int64_t bytes = 0) {
   TimedOp timed;
   timed.stage = stage;
