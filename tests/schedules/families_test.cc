@@ -16,20 +16,12 @@
 #include "pipeoffload/validate.h"
 #include "schedules/families.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload {
 namespace {
 
-PipelineSpec MakeSpec(Family family, int p, int m, int v, int g, bool split) {
-  PipelineSpec spec;
-  spec.family = family;
-  spec.num_stages = p;
-  spec.num_microbatches = m;
-  spec.chunks_per_stage = v;
-  spec.group_size = g;
-  spec.split_backward = split;
-  return spec;
-}
+using ::pipeoffload::testing::MakeSpec;
 
 std::string Describe(const PipelineSpec& spec) {
   return std::string(FamilyName(spec.family)) + " p=" + std::to_string(spec.num_stages) +

@@ -28,6 +28,8 @@
 namespace pipeoffload {
 namespace {
 
+using ::pipeoffload::testing::MakeSpec;
+
 using internal::InsertedOp;
 using internal::Placement;
 using internal::PlannedTransfer;
@@ -40,18 +42,6 @@ using internal::TransferResources;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers for whole plans.
-
-PipelineSpec Spec(Family family, int p, int m, int v, int g, bool split, OffloadPolicy policy) {
-  PipelineSpec spec;
-  spec.family = family;
-  spec.num_stages = p;
-  spec.num_microbatches = m;
-  spec.chunks_per_stage = v;
-  spec.group_size = g;
-  spec.split_backward = split;
-  spec.offload = policy;
-  return spec;
-}
 
 CostModel Unit(double k, int link_group = 2) {
   CostModel cost = UnitCostModel(k);
@@ -375,7 +365,7 @@ TEST_CASE("every plan is valid, stall-free and free of overlapping copies", "[pl
           for (const int link_group : {1, 2, 3}) {
             for (const OffloadPolicy policy : policies) {
               const int m = order.family == Family::kInterleaved ? 2 * p : 2 * p + 1;
-              PipelineSpec spec = Spec(order.family, p, m, order.v, order.g, split, policy);
+              PipelineSpec spec = MakeSpec(order.family, p, m, order.v, order.g, split, policy);
               spec.offload_fraction = 0.3;
               CostModel cost = Unit(k, link_group);
               cost.shared_copy_engine = (p + link_group) % 2 == 0;
@@ -403,7 +393,7 @@ TEST_CASE("P2P on the host link never overlaps an offload copy", "[planner]") {
     for (const double k : {0.1, 0.3}) {
       for (const bool split : {false, true}) {
         const PipelineSpec spec =
-            Spec(Family::kGroupInterleaved, p, 2 * p, 2, 0, split, OffloadPolicy::kFull);
+            MakeSpec(Family::kGroupInterleaved, p, 2 * p, 2, 0, split, OffloadPolicy::kFull);
         CostModel cost = Unit(k, 2);
         cost.p2p_shares_host_link = true;
         cost.boundary_bytes = cost.activation_bytes / 4;  // a quarter of an entry's copy time
@@ -441,7 +431,7 @@ TEST_CASE("po-f on 1F1B at k <= 0.25 keeps every offloading stage at <= 3 units"
                                           std::pair{0.1, 2}, std::pair{0.25, 1},
                                           std::pair{0.1, 1}}) {
         const PipelineSpec spec =
-            Spec(Family::k1F1B, p, 4 * p, 1, 0, split, OffloadPolicy::kFull);
+            MakeSpec(Family::k1F1B, p, 4 * p, 1, 0, split, OffloadPolicy::kFull);
         CostModel cost = UnitCostModel(k);  // the default host_link_group_size: pairs
         if (link_group == 1) cost.host_link_group_size = 1;
         REQUIRE(cost.host_link_group_size == link_group);
@@ -469,7 +459,7 @@ TEST_CASE("group-interleaved p=8 v=2 g=4 with full offload at k=0.25 peaks at <=
     for (const int link_group : {2, 1}) {
       CAPTURE(split, link_group);
       const PipelineSpec spec =
-          Spec(Family::kGroupInterleaved, 8, 32, 2, 4, split, OffloadPolicy::kFull);
+          MakeSpec(Family::kGroupInterleaved, 8, 32, 2, 4, split, OffloadPolicy::kFull);
       CostModel cost = UnitCostModel(0.25);
       if (link_group == 1) cost.host_link_group_size = 1;
       REQUIRE(cost.host_link_group_size == link_group);
@@ -495,7 +485,7 @@ TEST_CASE("gated warm-ups keep wide group-interleaved pipelines low on shared li
                                     std::tuple{16, 4, true}, std::tuple{8, 4, false}}) {
     CAPTURE(p, v, split);
     const PipelineSpec spec =
-        Spec(Family::kGroupInterleaved, p, 4 * p, v, 0, split, OffloadPolicy::kFull);
+        MakeSpec(Family::kGroupInterleaved, p, 4 * p, v, 0, split, OffloadPolicy::kFull);
     Schedule schedule;
     const std::vector<std::int64_t> peaks = Peaks(spec, UnitCostModel(0.25), &schedule);
     const Predictions& predicted = *schedule.predictions;
@@ -534,7 +524,7 @@ TEST_CASE("selective offload is better than linear", "[planner]") {
          {std::pair{0.1, 2}, std::pair{0.1, 1}, std::pair{0.25, 2}}) {
       if (v == 4 && k > 0.1) continue;  // 11 on one stage at k = 0.25: not asserted
       CAPTURE(p, v, g, k, link_group);
-      PipelineSpec spec = Spec(Family::kGroupInterleaved, p, 4 * p, v, g, true,
+      PipelineSpec spec = MakeSpec(Family::kGroupInterleaved, p, 4 * p, v, g, true,
                                OffloadPolicy::kNone);
       CostModel cost = UnitCostModel(k);  // pairs by default
       if (link_group == 1) cost.host_link_group_size = 1;
@@ -573,10 +563,10 @@ TEST_CASE("offloading more never raises the planned peak", "[planner]") {
     for (const double k : {0.1, 0.25, 0.5}) {
       for (const int link_group : {1, 2}) {
         const CostModel cost = Unit(k, link_group);
-        PipelineSpec spec = Spec(order.family, order.p, 4 * order.p, order.v, order.g, true,
+        PipelineSpec spec = MakeSpec(order.family, order.p, 4 * order.p, order.v, order.g, true,
                                  OffloadPolicy::kSelective);
         std::vector<std::int64_t> previous = Peaks(
-            Spec(order.family, order.p, 4 * order.p, order.v, order.g, true, OffloadPolicy::kNone),
+            MakeSpec(order.family, order.p, 4 * order.p, order.v, order.g, true, OffloadPolicy::kNone),
             cost);
         for (const double fraction : {0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0}) {
           spec.offload_fraction = fraction;
@@ -612,10 +602,10 @@ TEST_CASE("offloading more never raises the planned peak", "[planner]") {
 
 TEST_CASE("the plan degrades gracefully for every k in [0.1, 2]", "[planner]") {
   for (double k = 0.1; k <= 2.0 + 1e-9; k += 0.1) {
-    for (const auto& spec : {Spec(Family::k1F1B, 8, 32, 1, 0, false, OffloadPolicy::kFull),
-                             Spec(Family::kGroupInterleaved, 8, 32, 2, 4, true,
+    for (const auto& spec : {MakeSpec(Family::k1F1B, 8, 32, 1, 0, false, OffloadPolicy::kFull),
+                             MakeSpec(Family::kGroupInterleaved, 8, 32, 2, 4, true,
                                   OffloadPolicy::kFull),
-                             Spec(Family::kInterleaved, 4, 16, 2, 0, true, OffloadPolicy::kHalf)}) {
+                             MakeSpec(Family::kInterleaved, 4, 16, 2, 0, true, OffloadPolicy::kHalf)}) {
       CAPTURE(k);
       Schedule schedule;
       Peaks(spec, Unit(k, 2), &schedule);  // compiles, valid, no stall, no overlap
@@ -625,7 +615,7 @@ TEST_CASE("the plan degrades gracefully for every k in [0.1, 2]", "[planner]") {
 
 TEST_CASE("a shortfall is a warning with numbers, or an error in strict mode", "[planner]") {
   // k = 0.5: one entry takes 1.5 time units each way; two stages' warm-ups share a link.
-  PipelineSpec spec = Spec(Family::k1F1B, 8, 32, 1, 0, false, OffloadPolicy::kFull);
+  PipelineSpec spec = MakeSpec(Family::k1F1B, 8, 32, 1, 0, false, OffloadPolicy::kFull);
   const CostModel cost = Unit(0.5, 2);
   Schedule schedule;
   Peaks(spec, cost, &schedule);
@@ -646,7 +636,7 @@ TEST_CASE("a shortfall is a warning with numbers, or an error in strict mode", "
   CHECK(std::string(strict.status().message()).find("strict") != std::string::npos);
 
   // Where the links carry everything, strict mode plans the same as without it.
-  spec = Spec(Family::k1F1B, 8, 32, 1, 0, false, OffloadPolicy::kFull);
+  spec = MakeSpec(Family::k1F1B, 8, 32, 1, 0, false, OffloadPolicy::kFull);
   const CostModel easy = Unit(0.1, 1);
   const absl::StatusOr<Schedule> relaxed = Compile(spec, easy);
   spec.strict = true;
@@ -658,7 +648,7 @@ TEST_CASE("a shortfall is a warning with numbers, or an error in strict mode", "
 }
 
 TEST_CASE("stages sharing a link rendezvous at their hand-overs", "[planner]") {
-  const PipelineSpec spec = Spec(Family::k1F1B, 5, 20, 1, 0, true, OffloadPolicy::kFull);
+  const PipelineSpec spec = MakeSpec(Family::k1F1B, 5, 20, 1, 0, true, OffloadPolicy::kFull);
   Schedule paired, alone;
   Peaks(spec, Unit(0.15, 2), &paired);
   Peaks(spec, Unit(0.15, 1), &alone);
@@ -682,7 +672,7 @@ TEST_CASE("stages sharing a link rendezvous at their hand-overs", "[planner]") {
 }
 
 TEST_CASE("PlanOffload rejects what it cannot plan with a clear error", "[planner]") {
-  const PipelineSpec spec = Spec(Family::k1F1B, 2, 4, 1, 0, false, OffloadPolicy::kFull);
+  const PipelineSpec spec = MakeSpec(Family::k1F1B, 2, 4, 1, 0, false, OffloadPolicy::kFull);
   const absl::StatusOr<Schedule> order = BuildComputeOrder(*ResolveSpec(spec), Unit(0.1));
   REQUIRE(order.ok());
   const absl::StatusOr<Schedule> lowered = LowerCommunication(*order);
@@ -772,7 +762,7 @@ double FastestFitting(const PipelineSpec& spec, const CostModel& cost) {
 }
 
 TEST_CASE("auto picks the fastest plan that fits the budget", "[planner]") {
-  PipelineSpec spec = Spec(Family::k1F1B, 4, 16, 1, 0, true, OffloadPolicy::kAuto);
+  PipelineSpec spec = MakeSpec(Family::k1F1B, 4, 16, 1, 0, true, OffloadPolicy::kAuto);
   const CostModel cost = Unit(0.1, 1);
   const std::int64_t entry = cost.activation_bytes;
 

@@ -8,19 +8,12 @@
 #include "pipeoffload/compiler.h"
 #include "schedules/families.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload {
 namespace {
 
-PipelineSpec Spec(Family family, int p, int m, int v, int g = 0) {
-  PipelineSpec spec;
-  spec.family = family;
-  spec.num_stages = p;
-  spec.num_microbatches = m;
-  spec.chunks_per_stage = v;
-  spec.group_size = g;
-  return spec;
-}
+using ::pipeoffload::testing::MakeSpec;
 
 // REQUIREs that `status` has `code` and that its message contains every one of `parts`.
 void RequireError(const absl::Status& status, absl::StatusCode code,
@@ -41,48 +34,48 @@ void RequireBadSpec(const PipelineSpec& spec, const std::vector<std::string>& pa
 }
 
 TEST_CASE("shape errors name the field and its range", "[spec][families]") {
-  RequireBadSpec(Spec(Family::k1F1B, 0, 4, 1), {"num_stages", "[1, 4096]", "got 0"});
-  RequireBadSpec(Spec(Family::k1F1B, -3, 4, 1), {"num_stages", "got -3"});
-  RequireBadSpec(Spec(Family::k1F1B, 5000, 4, 1), {"num_stages", "got 5000"});
-  RequireBadSpec(Spec(Family::k1F1B, 4, 0, 1), {"num_microbatches", "[1, 1048576]", "got 0"});
-  RequireBadSpec(Spec(Family::k1F1B, 4, (1 << 20) + 1, 1), {"num_microbatches"});
-  RequireBadSpec(Spec(Family::kGroupInterleaved, 4, 8, 0), {"chunks_per_stage", "got 0"});
-  RequireBadSpec(Spec(Family::kGroupInterleaved, 4, 8, 2000), {"chunks_per_stage", "[1, 1024]"});
+  RequireBadSpec(MakeSpec(Family::k1F1B, 0, 4, 1), {"num_stages", "[1, 4096]", "got 0"});
+  RequireBadSpec(MakeSpec(Family::k1F1B, -3, 4, 1), {"num_stages", "got -3"});
+  RequireBadSpec(MakeSpec(Family::k1F1B, 5000, 4, 1), {"num_stages", "got 5000"});
+  RequireBadSpec(MakeSpec(Family::k1F1B, 4, 0, 1), {"num_microbatches", "[1, 1048576]", "got 0"});
+  RequireBadSpec(MakeSpec(Family::k1F1B, 4, (1 << 20) + 1, 1), {"num_microbatches"});
+  RequireBadSpec(MakeSpec(Family::kGroupInterleaved, 4, 8, 0), {"chunks_per_stage", "got 0"});
+  RequireBadSpec(MakeSpec(Family::kGroupInterleaved, 4, 8, 2000), {"chunks_per_stage", "[1, 1024]"});
   // Each bound alone is fine, the product is not: an absurd allocation is refused up front.
-  RequireBadSpec(Spec(Family::kGroupInterleaved, 4096, 4096, 4),
+  RequireBadSpec(MakeSpec(Family::kGroupInterleaved, 4096, 4096, 4),
                  {"num_stages * chunks_per_stage * num_microbatches", "4194304",
                   "4096 * 4 * 4096"});
-  RequireBadSpec(Spec(Family::k1F1B, 4096, 1025, 1), {"4194304", "4096 * 1 * 1025 = 4198400"});
-  CHECK(ResolveSpec(Spec(Family::k1F1B, 4096, 1024, 1)).ok());  // exactly at the cap
-  RequireBadSpec(Spec(static_cast<Family>(7), 4, 8, 1),
+  RequireBadSpec(MakeSpec(Family::k1F1B, 4096, 1025, 1), {"4194304", "4096 * 1 * 1025 = 4198400"});
+  CHECK(ResolveSpec(MakeSpec(Family::k1F1B, 4096, 1024, 1)).ok());  // exactly at the cap
+  RequireBadSpec(MakeSpec(static_cast<Family>(7), 4, 8, 1),
                  {"unknown family 7", "1f1b, interleaved, group-interleaved"});
 }
 
 TEST_CASE("1f1b errors", "[spec][families]") {
-  RequireBadSpec(Spec(Family::k1F1B, 4, 8, 2), {"1f1b needs chunks_per_stage == 1", "v=2",
+  RequireBadSpec(MakeSpec(Family::k1F1B, 4, 8, 2), {"1f1b needs chunks_per_stage == 1", "v=2",
                                                 "interleaved or group-interleaved"});
-  RequireBadSpec(Spec(Family::k1F1B, 4, 8, 1, 2), {"group_size must be 0", "got 2"});
+  RequireBadSpec(MakeSpec(Family::k1F1B, 4, 8, 1, 2), {"group_size must be 0", "got 2"});
 }
 
 TEST_CASE("interleaved errors", "[spec][families]") {
-  RequireBadSpec(Spec(Family::kInterleaved, 4, 8, 1), {"chunks_per_stage >= 2", "use 1f1b"});
-  RequireBadSpec(Spec(Family::kInterleaved, 4, 6, 2),
+  RequireBadSpec(MakeSpec(Family::kInterleaved, 4, 8, 1), {"chunks_per_stage >= 2", "use 1f1b"});
+  RequireBadSpec(MakeSpec(Family::kInterleaved, 4, 6, 2),
                  {"num_microbatches % num_stages == 0", "m=6, p=4", "use m=4 or 8",
                   "group-interleaved"});
-  RequireBadSpec(Spec(Family::kInterleaved, 4, 3, 2), {"m=3, p=4", "use m=4,"});
-  RequireBadSpec(Spec(Family::kInterleaved, 4, 8, 2, 2),
+  RequireBadSpec(MakeSpec(Family::kInterleaved, 4, 3, 2), {"m=3, p=4", "use m=4,"});
+  RequireBadSpec(MakeSpec(Family::kInterleaved, 4, 8, 2, 2),
                  {"group_size must be 0 or p=4", "got 2", "group-interleaved"});
 }
 
 TEST_CASE("group-interleaved errors state the accepted range", "[spec][families]") {
-  RequireBadSpec(Spec(Family::kGroupInterleaved, 8, 32, 2, 3),
+  RequireBadSpec(MakeSpec(Family::kGroupInterleaved, 8, 32, 2, 3),
                  {"ceil(p/2) <= group_size <= p", "4 <= g <= 8", "got g=3", "default 4"});
-  RequireBadSpec(Spec(Family::kGroupInterleaved, 8, 32, 2, 9), {"4 <= g <= 8", "got g=9"});
-  RequireBadSpec(Spec(Family::kGroupInterleaved, 5, 32, 2, -1), {"3 <= g <= 5", "got g=-1"});
+  RequireBadSpec(MakeSpec(Family::kGroupInterleaved, 8, 32, 2, 9), {"4 <= g <= 8", "got g=9"});
+  RequireBadSpec(MakeSpec(Family::kGroupInterleaved, 5, 32, 2, -1), {"3 <= g <= 5", "got g=-1"});
 }
 
 TEST_CASE("offload fields out of range are rejected", "[spec][families]") {
-  PipelineSpec spec = Spec(Family::kGroupInterleaved, 4, 8, 2);
+  PipelineSpec spec = MakeSpec(Family::kGroupInterleaved, 4, 8, 2);
   spec.offload_fraction = 1.5;
   RequireBadSpec(spec, {"offload_fraction", "[0, 1]", "1.5"});
   spec.offload_fraction = -0.1;
@@ -108,15 +101,15 @@ TEST_CASE("accepted specs resolve their defaults, idempotently", "[spec][familie
     int resolved_group;
   };
   const Case cases[] = {
-      {Spec(Family::k1F1B, 4, 1, 1), 0},               // m < p is fine for 1F1B
-      {Spec(Family::k1F1B, 1, 1, 1), 0},
-      {Spec(Family::kInterleaved, 4, 4, 2), 4},        // default g = p
-      {Spec(Family::kInterleaved, 4, 8, 3, 4), 4},
-      {Spec(Family::kInterleaved, 1, 3, 2), 1},
-      {Spec(Family::kGroupInterleaved, 8, 32, 2), 4},  // default g = ceil(p/2)
-      {Spec(Family::kGroupInterleaved, 7, 5, 3), 4},   // any m, even m < g
-      {Spec(Family::kGroupInterleaved, 7, 1, 1, 7), 7},  // v = 1 allowed
-      {Spec(Family::kGroupInterleaved, 1, 1, 4), 1},
+      {MakeSpec(Family::k1F1B, 4, 1, 1), 0},               // m < p is fine for 1F1B
+      {MakeSpec(Family::k1F1B, 1, 1, 1), 0},
+      {MakeSpec(Family::kInterleaved, 4, 4, 2), 4},        // default g = p
+      {MakeSpec(Family::kInterleaved, 4, 8, 3, 4), 4},
+      {MakeSpec(Family::kInterleaved, 1, 3, 2), 1},
+      {MakeSpec(Family::kGroupInterleaved, 8, 32, 2), 4},  // default g = ceil(p/2)
+      {MakeSpec(Family::kGroupInterleaved, 7, 5, 3), 4},   // any m, even m < g
+      {MakeSpec(Family::kGroupInterleaved, 7, 1, 1, 7), 7},  // v = 1 allowed
+      {MakeSpec(Family::kGroupInterleaved, 1, 1, 4), 1},
   };
   for (const Case& c : cases) {
     INFO(FamilyName(c.spec.family) << " p=" << c.spec.num_stages << " m="
@@ -141,7 +134,7 @@ TEST_CASE("accepted specs resolve their defaults, idempotently", "[spec][familie
 
 Schedule Order(int p, int m, bool split, std::vector<std::vector<Op>> rows) {
   Schedule schedule;
-  schedule.spec = Spec(Family::k1F1B, p, m, 1);
+  schedule.spec = MakeSpec(Family::k1F1B, p, m, 1);
   schedule.spec.split_backward = split;
   for (int d = 0; d < static_cast<int>(rows.size()); ++d) {
     schedule.stages.push_back(StageProgram{d, std::move(rows[d])});

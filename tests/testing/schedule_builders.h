@@ -1,5 +1,5 @@
 // Short constructors for hand-built schedules in tests: F(mb, chunk), SendF(mb, peer, chunk), ...
-// and Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d].
+// Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d], and MakeSpec.
 #ifndef PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
 #define PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
 
@@ -9,6 +9,20 @@
 #include "pipeoffload/schedule.h"
 
 namespace pipeoffload::testing {
+
+// A spec with the fields tests vary most; everything else keeps PipelineSpec's defaults.
+inline PipelineSpec MakeSpec(Family family, int p, int m, int v, int g = 0, bool split = false,
+                             OffloadPolicy offload = OffloadPolicy::kNone) {
+  PipelineSpec spec;
+  spec.family = family;
+  spec.num_stages = p;
+  spec.num_microbatches = m;
+  spec.chunks_per_stage = v;
+  spec.group_size = g;
+  spec.split_backward = split;
+  spec.offload = offload;
+  return spec;
+}
 
 inline Op F(int mb, int c = 0) { return {OpKind::kForward, mb, c, -1}; }
 inline Op B(int mb, int c = 0) { return {OpKind::kBackward, mb, c, -1}; }
