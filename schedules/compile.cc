@@ -1,6 +1,13 @@
 // Compile: the compiler's passes end to end (DESIGN.md section 4). Owns no policy of its own.
+//
+// Validation and simulation run once per schedule: the offload planner validates and simulates
+// every plan it emits (its check, offload_planner.cc step 4) and hands back that simulation's
+// predictions (PlanOffloadOfLowered), so only a schedule without offload is validated and
+// simulated here. Debug builds validate the planner's result again.
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "lib/base/check.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/simulate.h"
@@ -15,19 +22,20 @@ absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost
   }
   PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
   PO_ASSIGN_OR_RETURN(const Schedule order, BuildComputeOrder(resolved, cost));
-  PO_ASSIGN_OR_RETURN(const Schedule lowered, LowerCommunication(order));
-  PO_ASSIGN_OR_RETURN(Schedule planned, PlanOffload(lowered, cost));
+  PO_ASSIGN_OR_RETURN(Schedule lowered, LowerCommunication(order));
 
-  // A schedule we emit that fails validation is our bug, not the user's: say so.
-  if (absl::Status valid = Validate(planned); !valid.ok()) {
-    return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
-                                            std::string(valid.message())));
+  if (resolved.offload == OffloadPolicy::kNone) {
+    // A schedule we emit that fails validation is our bug, not the user's: say so.
+    if (absl::Status valid = Validate(lowered); !valid.ok()) {
+      return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
+                                              std::string(valid.message())));
+    }
+    PO_ASSIGN_OR_RETURN(Timeline timeline, Simulate(lowered, cost));
+    lowered.predictions = std::move(timeline.predictions);
+    return lowered;
   }
-  PO_ASSIGN_OR_RETURN(Timeline timeline, Simulate(planned, cost));
-  std::vector<std::string> warnings;
-  if (planned.predictions.has_value()) warnings = std::move(planned.predictions->warnings);
-  planned.predictions = std::move(timeline.predictions);
-  for (std::string& warning : warnings) planned.predictions->warnings.push_back(std::move(warning));
+  PO_ASSIGN_OR_RETURN(Schedule planned, internal::PlanOffloadOfLowered(lowered, cost));
+  PO_DCHECK(planned.predictions.has_value() && Validate(planned).ok());
   return planned;
 }
 

@@ -50,7 +50,7 @@ struct PlannedTransfer {
   int mb = 0;
   int chunk = 0;
   // A copy whose hand-overs to other fixed copies have BARRIERs already (the planner's gated
-  // warm-up copies, offload_planner.cc): no BARRIER here between two fixed copies.
+  // warm-up copies, warmup_gating.h): no BARRIER here between two fixed copies.
   bool fixed = false;
 };
 

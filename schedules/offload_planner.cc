@@ -1,6 +1,9 @@
 // PlanOffload: decides which stash entries leave the device, and places their OFFLOAD, RELEASE,
 // RELOAD ops and the BARRIERs between stages that share a host link (issue 3; DESIGN.md
-// section 4, pass 3). Pure function of the lowered schedule and the cost model; no I/O.
+// section 4, pass 3). Pure function of the lowered schedule and the cost model; no I/O. This
+// file owns the passes' order, the plan's assembly and its check; the timelines it plans on are
+// warmup_gating.h's, the choice of entries offload_choice.h's, one stage's placements
+// offload_stage_plan.h's and the BARRIERs offload_barriers.h's.
 //
 // How a plan is made, and why it keeps to its timeline and is collision-free by construction:
 //  0. Simulate the lowered schedule and post every SEND/RECV at its transfer (PostAtTransfers):
@@ -40,12 +43,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -56,29 +56,27 @@
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
 #include "schedules/offload_barriers.h"
+#include "schedules/offload_choice.h"
+#include "schedules/offload_policy.h"
 #include "schedules/offload_stage_plan.h"
 #include "schedules/slot_occupancy.h"
+#include "schedules/warmup_gating.h"
 
 namespace pipeoffload {
 namespace {
 
+using internal::GatedBarrier;
+using internal::GatedCopy;
 using internal::InsertedOp;
-using internal::PeakPoint;
+using internal::kOverheadBudget;
+using internal::kStallTolerance;
+using internal::LinkGroupPlan;
+using internal::PipelinePlan;
 using internal::Placement;
 using internal::PlannedTransfer;
 using internal::ProgramKey;
-using internal::SlotOccupancy;
 using internal::StagePlan;
 using internal::StagePlanParams;
-using internal::TransferResources;
-
-// Relative slack when comparing step times: anything beyond rounding is a real difference.
-constexpr double kStallTolerance = 1e-9;
-// How much slower than the same order without offload a plan may be (a share of its step
-// time). Plans that place every op where the lowered schedule had it cost nothing; gating a
-// warm-up forward behind the RELEASE of the entry before it (GatedWarmup) may cost time, and
-// is kept only within this budget (issue 3: "overhead <= 1%").
-constexpr double kOverheadBudget = 0.01;
 
 std::string PolicyName(const PipelineSpec& spec) {
   return std::string(OffloadPolicyName(spec.offload));
@@ -95,7 +93,8 @@ absl::Status CheckRequest(const Schedule& lowered, const CostModel& cost) {
   }
   if (!std::isfinite(spec.offload_fraction) || spec.offload_fraction < 0.0 ||
       spec.offload_fraction > 1.0) {
-    return bad(absl::StrCat("offload_fraction must be in [0, 1] (got ", spec.offload_fraction, ")"));
+    return bad(
+        absl::StrCat("offload_fraction must be in [0, 1] (got ", spec.offload_fraction, ")"));
   }
   if (spec.offload_chunks < 0 || spec.offload_chunks > spec.chunks_per_stage) {
     return bad(absl::StrCat("offload_chunks must be in [0, chunks_per_stage=",
@@ -121,304 +120,16 @@ absl::Status CheckRequest(const Schedule& lowered, const CostModel& cost) {
   return absl::OkStatus();
 }
 
-// `lowered` with every SEND/RECV moved to where its transfer starts in `timeline` (the
-// simulation of `lowered`): after the stage's other ops that start before the transfer (and
-// after the F/B that produces a SEND's data, and never earlier than it was), before those that
-// start at or after it; the stage's SENDs and RECVs sorted by transfer start, ties in program
-// order. *moved gets `timeline`'s ops in the new order. Why: the simulator
-// posts a SEND/RECV when the op before it is issued (simulate.h), so lowering may post one long
-// before its transfer; here each is posted as late as it can be without moving its transfer
-// (its post stays at or before the transfer's start, the same engines move the same messages
-// in the same order), so the timeline is unchanged. What it buys: the programs are sorted by
-// time, with each P2P pair at one instant on both of its stages (its transfer's start), like a
-// rendezvous. So ordering every stage's ops by time is one consistent cut of all programs, and
-// a BARRIER pair at the same time on two stages keeps them deadlock-free under the blocking
-// rendezvous that Validate checks (offload_barriers.h); and ordering ops by time in a gap, the
-// planner never puts an inserted op behind a post whose transfer waits for a later op.
-Schedule PostAtTransfers(const Schedule& lowered, const Timeline& timeline, Timeline* moved) {
-  Schedule out = lowered;
-  out.predictions.reset();
-  moved->stages.assign(lowered.stages.size(), {});
-  for (std::size_t s = 0; s < lowered.stages.size(); ++s) {
-    const std::vector<TimedOp>& timed = timeline.stages[s];
-    std::vector<int> compute, p2p;  // program indices; "compute": every op but SEND/RECV
-    std::vector<int> rank_before(timed.size(), 0);  // a P2P op's: compute ops before it
-    for (int i = 0; i < static_cast<int>(timed.size()); ++i) {
-      rank_before[i] = static_cast<int>(compute.size());
-      (IsP2P(timed[i].op.kind) ? p2p : compute).push_back(i);
-    }
-    std::stable_sort(p2p.begin(), p2p.end(),
-                     [&](int a, int b) { return timed[a].start < timed[b].start; });
-    // Rank among the non-P2P ops of each entry's F and B (the producers of SENDs).
-    const int v = lowered.spec.chunks_per_stage;
-    const std::size_t entries = static_cast<std::size_t>(lowered.spec.num_microbatches) * v;
-    std::vector<int> forward_rank(entries, -1), backward_rank(entries, -1);
-    for (int k = 0; k < static_cast<int>(compute.size()); ++k) {
-      const Op& op = timed[compute[k]].op;
-      const std::size_t entry = static_cast<std::size_t>(op.mb) * v + op.chunk;
-      if (op.kind == OpKind::kForward) forward_rank[entry] = k;
-      if (op.kind == OpKind::kBackward) backward_rank[entry] = k;
-    }
-    std::vector<std::vector<int>> before(compute.size() + 1);  // P2P ops put before rank k
-    int floor = 0;
-    for (const int i : p2p) {
-      const TimedOp& t = timed[i];
-      int k = static_cast<int>(
-          std::lower_bound(compute.begin(), compute.end(), t.start,
-                           [&](int c, double x) { return timed[c].start < x; }) -
-          compute.begin());
-      if (IsSend(t.op.kind)) {
-        const std::size_t entry = static_cast<std::size_t>(t.op.mb) * v + t.op.chunk;
-        k = std::max(k, 1 + (t.op.kind == OpKind::kSendActivation ? forward_rank[entry]
-                                                                  : backward_rank[entry]));
-      }
-      // Never earlier than it was: a post that was its transfer's binding bound stays put.
-      k = std::max({k, floor, rank_before[i]});
-      floor = k;
-      before[k].push_back(i);
-    }
-    std::vector<Op>& ops = out.stages[s].ops;
-    std::vector<TimedOp>& times = moved->stages[s];
-    ops.clear();
-    const auto put = [&](int i) {
-      ops.push_back(timed[i].op);
-      times.push_back(timed[i]);
-      times.back().index = static_cast<int>(times.size()) - 1;
-    };
-    for (std::size_t k = 0; k <= compute.size(); ++k) {
-      for (const int i : before[k]) put(i);
-      if (k < compute.size()) put(compute[k]);
-    }
-  }
-  return out;
-}
-
-// True when every RECV of `schedule` still comes before the F or B that consumes it (all that
-// PostAtTransfers can get wrong: it keeps every other order Validate checks).
-bool ReceivesFirst(const Schedule& schedule) {
-  const int m = schedule.spec.num_microbatches;
-  for (const StageProgram& program : schedule.stages) {
-    std::vector<char> received(2 * static_cast<std::size_t>(m) * schedule.spec.chunks_per_stage, 0);
-    const auto slot = [&](bool grad, const Op& op) {
-      return (static_cast<std::size_t>(grad) * schedule.spec.chunks_per_stage + op.chunk) * m +
-             op.mb;
-    };
-    std::vector<char> needs(received.size(), 0);
-    for (const Op& op : program.ops) {
-      if (op.kind == OpKind::kRecvActivation) needs[slot(false, op)] = 1;
-      if (op.kind == OpKind::kRecvGrad) needs[slot(true, op)] = 1;
-    }
-    for (const Op& op : program.ops) {
-      if (op.kind == OpKind::kRecvActivation) received[slot(false, op)] = 1;
-      if (op.kind == OpKind::kRecvGrad) received[slot(true, op)] = 1;
-      if (op.kind == OpKind::kForward && needs[slot(false, op)] && !received[slot(false, op)]) {
-        return false;
-      }
-      if (op.kind == OpKind::kBackward && needs[slot(true, op)] && !received[slot(true, op)]) {
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
-// What the policy asks of one stage, in bytes (infinity: everything that saves memory).
-double RequestedBytes(const PipelineSpec& spec, std::int64_t total_bytes) {
-  switch (spec.offload) {
-    case OffloadPolicy::kHalf: return 0.5 * static_cast<double>(total_bytes);
-    case OffloadPolicy::kSelective:
-      if (spec.offload_chunks > 0) return std::numeric_limits<double>::infinity();
-      return spec.offload_fraction * static_cast<double>(total_bytes);
-    default: return std::numeric_limits<double>::infinity();
-  }
-}
-
-// Whether the policy lets entry `chunk` go at all.
-bool Candidate(const PipelineSpec& spec, int chunk) {
-  return spec.offload != OffloadPolicy::kSelective || spec.offload_chunks == 0 ||
-         chunk < spec.offload_chunks;
-}
-
-// One link group being planned: its stages, their link timelines and copy engines, and what
-// each stage may still offload.
-struct Group {
-  std::vector<StagePlan> plans;
-  SlotOccupancy d2h, h2d;             // whole group, incl. P2P when it shares the link
-  SlotOccupancy p2p_d2h, p2p_h2d;     // P2P alone: what an entry would face by itself
-  std::multiset<double> d2h_ends;     // ends of the group's OFFLOADs (offload_stage_plan.h)
-  std::vector<SlotOccupancy> engines;               // per member, when the engine is shared
-  std::vector<std::multiset<double>> h2d_ends;      // per member: ends of its RELOADs
-  std::vector<std::vector<int>> order;      // per member: candidates, longest-lived first
-  std::vector<double> budget;               // per member: bytes it may still offload
-  std::vector<std::vector<int>> rank;       // per member/entry: place in `order`, or -1
-  std::vector<int> scratch;
-  bool shared_engine = false;
-
-  TransferResources Resources(int member) {
-    return TransferResources{&d2h, &h2d, shared_engine ? &engines[member] : nullptr, &d2h_ends,
-                             &h2d_ends[member]};
-  }
-  bool Affordable(int member, int entry) const {
-    return static_cast<double>(plans[member].entries()[entry].bytes) <= budget[member];
-  }
-  void Commit(int member, int entry, const Placement& p, bool offload_booked = false) {
-    plans[member].Commit(entry, p, Resources(member), offload_booked);
-    budget[member] -= static_cast<double>(plans[member].entries()[entry].bytes);
-    Invalidate(member, p);
-  }
-
-  // FindPlacement, remembered per entry until a commit could change its answer: new bookings
-  // only take slots away, so a remembered placement stays the answer while its own slots stay
-  // free and no new candidate start (the end of a new D2H, or of a new RELOAD of its stage)
-  // falls where the search would have met it first; a remembered "none" stays none unless a
-  // new candidate falls inside the entry's lifetime. Planning calls FindPlacement for every
-  // entry resident at the peak, once per entry it offloads: without this, O(entries^2).
-  std::optional<Placement> Find(int member, int entry) {
-    if (cached[member][entry]) return *cached[member][entry];
-    std::optional<Placement> p = plans[member].FindPlacement(entry, Resources(member));
-    cached[member][entry] = p;
-    return p;
-  }
-  void Invalidate(int committer, const Placement& done) {
-    const auto overlaps = [](double a0, double a1, double b0, double b1) {
-      return a0 <= b1 && b0 <= a1;  // closed: zero-time copies count too
-    };
-    // Every test below needs the entry alive at some instant of one of the two new copies
-    // (its remembered copies, and any candidate start a search could meet, lie in its life).
-    for (int m = 0; m < static_cast<int>(plans.size()); ++m) {
-      const auto check = [&](int e) {
-        if (!cached[m][e].has_value()) return;
-        const internal::OffloadEntry& entry = plans[m].entries()[e];
-        const std::optional<Placement>& c = *cached[m][e];
-        bool stale = plans[m].placement(e).has_value();
-        const bool own = m == committer;
-        if (!c) {
-          stale = stale || overlaps(done.offload_end, done.offload_end, entry.forward_end,
-                                    entry.use_start) ||
-                  (own && overlaps(done.reload_end, done.reload_end, entry.forward_end,
-                                   entry.use_start));
-        } else {
-          stale = stale ||
-                  overlaps(c->offload_start, c->offload_end, done.offload_start,
-                           done.offload_end) ||
-                  overlaps(c->reload_start, c->reload_end, done.reload_start, done.reload_end) ||
-                  (own && shared_engine &&
-                   (overlaps(c->offload_start, c->offload_end, done.reload_start,
-                             done.reload_end) ||
-                    overlaps(c->reload_start, c->reload_end, done.offload_start,
-                             done.offload_end))) ||
-                  (done.offload_end >= entry.forward_end &&
-                   done.offload_end <= plans[m].SearchHigh(c->offload_search_gap)) ||
-                  (own && done.reload_end >= c->reload_start &&
-                   done.reload_end <= entry.use_start);
-        }
-        if (stale) cached[m][e].reset();
-      };
-      plans[m].ForEachAlive(done.offload_start, done.offload_end, check);
-      plans[m].ForEachAlive(done.reload_start, done.reload_end, check);
-    }
-  }
-  std::vector<std::vector<std::optional<std::optional<Placement>>>> cached;  // [member][entry]
-  std::vector<std::vector<char>> fixed;  // [member][entry]: a gated copy (CommitGated)
-};
-
-// Offloads, for member `member`, an entry resident at `at` whose widest window covers it: the
-// one whose window reaches furthest past it (the classic greedy for covering points with
-// intervals: one entry lowers as much of what follows as any could). False when none can.
-bool CoverPoint(Group& group, int member, const ProgramKey& at) {
-  StagePlan& plan = group.plans[member];
-  std::optional<Placement> best;
-  int best_entry = -1;
-  // The candidates resident at `at`; equal reaches go to the first in the member's order (the
-  // longest-lived).
-  std::vector<int>& resident = group.scratch;
-  plan.ResidentEntries(at, &resident);
-  const std::vector<int>& rank = group.rank[member];
-  for (const int e : resident) {
-    if (rank[e] < 0 || plan.placement(e) || !group.Affordable(member, e)) continue;
-    const std::optional<Placement> p = group.Find(member, e);
-    if (!p || !plan.Covers(*p, at)) continue;
-    if (!best || plan.ReloadKey(*best) < plan.ReloadKey(*p) ||
-        (!(plan.ReloadKey(*p) < plan.ReloadKey(*best)) && rank[e] < rank[best_entry])) {
-      best = p;
-      best_entry = e;
-    }
-  }
-  if (!best) return false;
-  group.Commit(member, best_entry, *best);
-  return true;
-}
-
-// Fill: what is left, longest-lived first, taking turns across the group's stages.
-void Fill(Group& group) {
-  const int members = static_cast<int>(group.plans.size());
-  std::size_t longest = 0;
-  for (const auto& order : group.order) longest = std::max(longest, order.size());
-  for (std::size_t rank = 0; rank < longest; ++rank) {
-    for (int s = 0; s < members; ++s) {
-      if (rank >= group.order[s].size()) continue;
-      const int e = group.order[s][rank];
-      if (group.plans[s].placement(e) || !group.Affordable(s, e)) continue;
-      if (const std::optional<Placement> p = group.Find(s, e)) {
-        group.Commit(s, e, *p);
-      }
-    }
-  }
-}
-
-// Chooses what the group offloads (file comment, step 2): lower each stage's peak one entry at
-// a time, taking turns, until no entry (within the stage's share) can lower it further; then
-// fill.
-void ChooseEntries(Group& group) {
-  const int members = static_cast<int>(group.plans.size());
-  std::vector<bool> done(members, false);
-  for (int active = members; active > 0;) {
-    active = 0;
-    for (int s = 0; s < members; ++s) {
-      if (done[s]) continue;
-      const PeakPoint peak = group.plans[s].Peak();
-      if (peak.bytes > 0 && CoverPoint(group, s, peak.at)) {
-        ++active;
-      } else {
-        done[s] = true;
-      }
-    }
-  }
-  Fill(group);
-}
-
-// Per-stage outcome, for the warnings and the strict check.
-struct StageOutcome {
-  std::int64_t total_bytes = 0;
-  std::int64_t eligible_bytes = 0;
-  std::int64_t planned_bytes = 0;
-  double requested_bytes = 0.0;   // min(policy's ask, eligible)
-  bool short_of_request = false;  // the links could not carry an eligible entry the ask covers
-  double d2h_demand = 0.0;        // conservative link time the request needs, per direction
-  double h2d_demand = 0.0;
-};
-
-// Everything PlanOffload decided.
-struct Plan {
-  bool ok = true;  // false when a gated entry found no RELOAD (MakePlan)
-  std::vector<Group> groups;
-  std::vector<std::vector<InsertedOp>> fixed_barriers;  // per stage: the gated program's
-  std::vector<int> group_of;   // per stage
-  std::vector<int> member_of;  // per stage
-  std::vector<StageOutcome> outcomes;  // per stage
-  std::vector<double> p2p_d2h_busy, p2p_h2d_busy;  // per group
-};
-
 // Books every SEND on the host links it crosses when P2P shares them with offload (a SEND
 // crosses the sender's link outbound and the receiver's inbound: simulate.h).
-void BookP2P(const Timeline& baseline, const CostModel& cost, Plan* plan) {
+void BookP2P(const Timeline& baseline, const CostModel& cost, PipelinePlan* plan) {
   if (!cost.p2p_shares_host_link) return;
   const int group_size = cost.host_link_group_size;
   for (const auto& stage : baseline.stages) {
     for (const TimedOp& t : stage) {
       if (!IsSend(t.op.kind) || !(t.end > t.start)) continue;
-      Group& from = plan->groups[t.stage / group_size];
-      Group& to = plan->groups[t.op.peer / group_size];
+      LinkGroupPlan& from = plan->groups[t.stage / group_size];
+      LinkGroupPlan& to = plan->groups[t.op.peer / group_size];
       from.d2h.Add(t.start, t.end);
       from.p2p_d2h.Add(t.start, t.end);
       to.h2d.Add(t.start, t.end);
@@ -431,89 +142,9 @@ void BookP2P(const Timeline& baseline, const CostModel& cost, Plan* plan) {
   }
 }
 
-// For each member of `group`: its candidates (longest-lived first), which of them the link
-// could carry alone, and its share of the volume (`share` times what the policy asks).
-void PrepareChoices(const PipelineSpec& spec, double share, Group& group,
-                    std::vector<StageOutcome>& outcomes) {
-  for (const StagePlan& stage : group.plans) {
-    const auto& entries = stage.entries();
-    StageOutcome& out = outcomes[stage.stage()];
-    std::vector<int> order;
-    for (int e = 0; e < static_cast<int>(entries.size()); ++e) {
-      out.total_bytes += entries[e].bytes;
-      if (!Candidate(spec, entries[e].chunk) || entries[e].bytes <= 0) continue;
-      order.push_back(e);
-    }
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      if (entries[a].lifespan() != entries[b].lifespan()) {
-        return entries[a].lifespan() > entries[b].lifespan();
-      }
-      return entries[a].forward_index < entries[b].forward_index;
-    });
-    const double ask = share > 0.0 ? RequestedBytes(spec, out.total_bytes) * share : 0.0;
-    out.requested_bytes = ask;  // Summarize caps it at what is eligible
-    // The relative slack absorbs rounding in fraction * total (e.g. 0.3 * 10 entries).
-    group.budget.push_back(std::isinf(ask) ? ask : ask * (1.0 + 1e-12));
-    std::vector<int> rank(entries.size(), -1);
-    for (int i = 0; i < static_cast<int>(order.size()); ++i) rank[order[i]] = i;
-    group.rank.push_back(std::move(rank));
-    group.order.push_back(std::move(order));
-  }
-}
-
-// What `group` planned against what it was asked, into `outcomes`.
-void Summarize(Group& group, const StagePlanParams& bandwidths,
-               std::vector<StageOutcome>& outcomes) {
-  for (int m = 0; m < static_cast<int>(group.plans.size()); ++m) {
-    const StagePlan& stage = group.plans[m];
-    StageOutcome& out = outcomes[stage.stage()];
-    // Eligible: placed, or placeable with the link to itself (but for P2P on it). Asked only
-    // of the entries left on the device: a placed one was placeable with the link shared.
-    std::vector<bool> eligible(stage.entries().size(), false);
-    SlotOccupancy no_engine;
-    std::multiset<double> no_ends, no_h2d_ends;
-    const TransferResources alone{&group.p2p_d2h, &group.p2p_h2d,
-                                  group.shared_engine ? &no_engine : nullptr, &no_ends,
-                                  &no_h2d_ends};
-    for (const int e : group.order[m]) {
-      eligible[e] = stage.placement(e).has_value() || stage.FindPlacement(e, alone).has_value();
-      if (eligible[e]) out.eligible_bytes += stage.entries()[e].bytes;
-    }
-    out.requested_bytes = std::min(out.requested_bytes, static_cast<double>(out.eligible_bytes));
-    const double share_of_eligible =
-        out.requested_bytes / std::max<double>(1.0, static_cast<double>(out.eligible_bytes));
-    for (int e = 0; e < static_cast<int>(stage.entries().size()); ++e) {
-      const double bytes = static_cast<double>(stage.entries()[e].bytes);
-      if (stage.placement(e)) out.planned_bytes += stage.entries()[e].bytes;
-      if (!eligible[e]) continue;
-      out.d2h_demand += share_of_eligible * bytes / bandwidths.d2h_bandwidth;
-      out.h2d_demand += share_of_eligible * bytes / bandwidths.h2d_bandwidth;
-      if (!stage.placement(e) && bytes <= group.budget[m]) out.short_of_request = true;
-    }
-  }
-}
-
-// A D2H of a gated warm-up forward's entry, as the gated program ran it (GatedWarmup).
-struct GatedCopy {
-  int mb = 0;
-  int chunk = 0;
-  double start = 0.0;
-  double end = 0.0;
-};
-
-// A BARRIER of the gated program that orders two gated copies (GatedWarmup): on `stage`,
-// after `after_compute` of its ops other than SEND/RECV, at `time` in that program's timeline.
-// The plan keeps it where it was: the timeline it planned on waited for it there.
-struct GatedBarrier {
-  int stage = 0;
-  int after_compute = 0;
-  double time = 0.0;
-  Op op;
-};
-
 // Commits the gated copies of `group`'s stages: every D2H first (they are fixed), then each
 // entry's RELOAD, in the order of their forwards. False when one finds no RELOAD.
-bool CommitGated(const std::vector<std::vector<GatedCopy>>& gated, int m, Group& group) {
+bool CommitGated(const std::vector<std::vector<GatedCopy>>& gated, int m, LinkGroupPlan& group) {
   for (int member = 0; member < static_cast<int>(group.plans.size()); ++member) {
     for (const GatedCopy& copy : gated[group.plans[member].stage()]) {
       StagePlan::BookOffload(copy.start, copy.end, group.Resources(member));
@@ -536,14 +167,14 @@ bool CommitGated(const std::vector<std::vector<GatedCopy>>& gated, int m, Group&
 // Plans every link group on `baseline`, the simulated timeline of `lowered`. `share` scales
 // what the policy asks (1 normally; less when a plan failed its check and PlanOffload retries
 // with less).
-Plan MakePlan(const Schedule& lowered, const CostModel& cost, const Timeline& baseline,
+PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Timeline& baseline,
               double share, const std::vector<std::vector<GatedCopy>>* gated,
               const std::vector<GatedBarrier>* gated_barriers) {
   const PipelineSpec& spec = lowered.spec;
   const int p = spec.num_stages;
   const int group_size = cost.host_link_group_size;
   const int num_groups = (p + group_size - 1) / group_size;
-  Plan plan;
+  PipelinePlan plan;
   plan.groups.resize(num_groups);
   plan.group_of.resize(p);
   plan.member_of.resize(p);
@@ -560,7 +191,7 @@ Plan MakePlan(const Schedule& lowered, const CostModel& cost, const Timeline& ba
   params.d2h_bandwidth = std::min(cost.d2h_bandwidth, cost.duplex_bandwidth);
   params.h2d_bandwidth = std::min(cost.h2d_bandwidth, cost.duplex_bandwidth);
   for (int s = 0; s < p; ++s) {
-    Group& group = plan.groups[s / group_size];
+    LinkGroupPlan& group = plan.groups[s / group_size];
     group.shared_engine = cost.shared_copy_engine;
     plan.group_of[s] = s / group_size;
     plan.member_of[s] = static_cast<int>(group.plans.size());
@@ -599,23 +230,23 @@ Plan MakePlan(const Schedule& lowered, const CostModel& cost, const Timeline& ba
                      -1});
     }
   }
-  for (Group& group : plan.groups) {
-    PrepareChoices(spec, share, group, plan.outcomes);
+  for (LinkGroupPlan& group : plan.groups) {
+    internal::PrepareChoices(spec, share, group, plan.outcomes);
     if (gated != nullptr && !CommitGated(*gated, spec.num_microbatches, group)) {
       plan.ok = false;
       return plan;
     }
-    ChooseEntries(group);
-    Summarize(group, params, plan.outcomes);
+    internal::ChooseEntries(group);
+    internal::Summarize(group, params, plan.outcomes);
   }
   return plan;
 }
 
 // The lowered schedule with the plan's entries offloaded and the BARRIERs their hand-overs need.
-Schedule Emit(const Schedule& lowered, const Plan& plan) {
+Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
   Schedule out = lowered;
   out.predictions.reset();
-  for (const Group& group : plan.groups) {
+  for (const LinkGroupPlan& group : plan.groups) {
     std::vector<PlannedTransfer> transfers;
     std::vector<const StagePlan*> members;
     for (int m = 0; m < static_cast<int>(group.plans.size()); ++m) {
@@ -711,288 +342,34 @@ bool Better(const Predictions& a, const Predictions& b) {
   return a.step_time < b.step_time * (1.0 - kStallTolerance);
 }
 
-// The warm-up forwards of stage s worth gating (GatedWarmup): program indices of the F ops
-// before the stage's first B of chunks [0, chunks) whose entries the policy lets go, within the
-// stage's share, and that live long enough to go out and come back with time to spare. Empty
-// when fewer than two.
-std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost,
-                                  const std::vector<TimedOp>& timed, int s, double share,
-                                  int chunks) {
-  const PipelineSpec& spec = lowered.spec;
-  const int p = spec.num_stages, m = spec.num_microbatches;
-  const std::vector<Op>& ops = lowered.stages[s].ops;
-  std::vector<double> use_start(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0.0);
-  int first_backward = static_cast<int>(ops.size());
-  std::int64_t total = 0;
-  for (int i = static_cast<int>(ops.size()) - 1; i >= 0; --i) {
-    if (ops[i].kind == OpKind::kForward) total += cost.ActivationBytes(s, ops[i].chunk, p);
-    if (ops[i].kind != OpKind::kBackward) continue;
-    use_start[static_cast<std::size_t>(ops[i].chunk) * m + ops[i].mb] = timed[i].start;
-    first_backward = i;
-  }
-  double budget = share * RequestedBytes(spec, total) * (1.0 + 1e-12);
-  const double margin =
-      cost.reload_margin_in_backward_times * cost.BackwardTime(s, spec.split_backward);
-  std::vector<int> forwards;
-  for (int i = 0; i < first_backward; ++i) {
-    const Op& op = ops[i];
-    const std::int64_t bytes = cost.ActivationBytes(s, op.chunk, p);
-    if (op.kind != OpKind::kForward || bytes <= 0 || !Candidate(spec, op.chunk) ||
-        op.chunk >= chunks) {
-      continue;
-    }
-    const double d2h = static_cast<double>(bytes) / std::min(cost.d2h_bandwidth,
-                                                             cost.duplex_bandwidth);
-    const double h2d = static_cast<double>(bytes) / std::min(cost.h2d_bandwidth,
-                                                             cost.duplex_bandwidth);
-    const double lifespan =
-        use_start[static_cast<std::size_t>(op.chunk) * m + op.mb] - timed[i].end;
-    if (lifespan < 2 * d2h + h2d + margin) continue;
-    if (static_cast<double>(bytes) > budget) break;
-    budget -= static_cast<double>(bytes);
-    forwards.push_back(i);
-  }
-  if (forwards.size() < 2) forwards.clear();
-  return forwards;
-}
-
-bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predictions& base,
-                  const std::vector<std::vector<int>>& gated, Schedule* gated_lowered,
-                  Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
-                  std::vector<GatedBarrier>* barriers);
-
-// Warm-up gating. In a warm-up every stage runs forwards back to back, one activation per F,
-// and the stages of a link group together produce them faster than one direction of their link
-// can carry them out (two stages at k = 0.25: 2 x 0.75 link time per time unit). Planned on the
-// lowered timeline, most of them stay on the device until the warm-up ends, and the peak grows
-// with it. Yet early stages have slack there: stage d's F(i) is needed downstream much later
-// than it runs (the reference planner postpones warm-up forwards as late as it can,
-// pipeoffload.md section 1.4b). So here each gated forward's entry goes out right after its F,
-// its RELEASE (which waits for that D2H) sits right before the stage's next F, and the group's
-// stages take turns on the link, one copy each (BARRIER pairs: a stage's next copy waits for
-// the other stage's RELEASE). The gated program is simulated with reloads free (each put right
-// before its B: where they really go is planned afterwards), to learn the timeline it yields.
-// Returns false when nothing is worth gating, or that timeline hangs or is more than
-// kOverheadBudget slower than `base`. Else: the lowered program with its SEND/RECVs posted at
-// their transfers in that timeline (*gated_lowered, *gated_times, for MakePlan) and each
-// stage's gated copies as simulated (*copies), which MakePlan commits before anything else.
-bool GatedWarmup(const Schedule& lowered, const CostModel& cost, const Timeline& times,
-                 const Predictions& base, double share, Schedule* gated_lowered,
-                 Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
-                 std::vector<GatedBarrier>* barriers) {
-  // Gate the warm-up forwards of every chunk; when that costs more than the budget, only those
-  // of the longer-lived chunks (the low ones), down to chunk 0 alone.
-  std::vector<std::vector<int>> previous;
-  for (int chunks = lowered.spec.chunks_per_stage; chunks >= 1; --chunks) {
-    std::vector<std::vector<int>> gated(lowered.spec.num_stages);
-    bool any = false;
-    for (int s = 0; s < lowered.spec.num_stages; ++s) {
-      gated[s] = GateableForwards(lowered, cost, times.stages[s], s, share, chunks);
-      any = any || !gated[s].empty();
-    }
-    if (!any) return false;
-    if (gated == previous) continue;
-    if (GateForwards(lowered, cost, base, gated, gated_lowered, gated_times, copies, barriers)) {
-      return true;
-    }
-    previous = std::move(gated);
-  }
-  return false;
-}
-
-// GatedWarmup for one choice of forwards to gate (per stage, program indices in order).
-bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predictions& base,
-                  const std::vector<std::vector<int>>& gated, Schedule* gated_lowered,
-                  Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
-                  std::vector<GatedBarrier>* barriers) {
-  const PipelineSpec& spec = lowered.spec;
-  const int p = spec.num_stages, m = spec.num_microbatches;
-  const int group_size = cost.host_link_group_size;
-
-  // Inserted ops go before original op `pos`; at one position in (copy seq, sub) order.
-  struct Insertion {
-    int pos, seq, sub;
-    Op op;
-  };
-  std::vector<std::vector<Insertion>> inserted(p);
-  std::vector<std::vector<int>> offload_pos(p), release_pos(p);
-  std::vector<std::vector<int>> seq(p);
-  for (int s = 0; s < p; ++s) {
-    const std::vector<Op>& ops = lowered.stages[s].ops;
-    std::vector<int> backward(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0);
-    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
-      if (ops[i].kind == OpKind::kBackward) backward[ops[i].chunk * m + ops[i].mb] = i;
-    }
-    for (const int f : gated[s]) {
-      // The copy goes out after the SEND/RECVs that follow its F (posts hold nothing up, and
-      // a post left behind a BARRIER could close a cycle through another stage's receives),
-      // and its RELEASE holds the stage's next compute op.
-      int after = f + 1;
-      while (after < static_cast<int>(ops.size()) && IsP2P(ops[after].kind)) ++after;
-      int next = f + 1;
-      while (next < static_cast<int>(ops.size()) && !IsCompute(ops[next].kind)) ++next;
-      const int b = backward[ops[f].chunk * m + ops[f].mb];
-      offload_pos[s].push_back(after);
-      release_pos[s].push_back(std::max(after, std::min(next, b)));
-    }
-    seq[s].assign(gated[s].size(), 0);
-  }
-  // The copies of each link group take turns: round robin over its stages.
-  for (int first = 0; first < p; first += group_size) {
-    const int last = std::min(p, first + group_size);
-    std::vector<std::pair<int, int>> turns;  // (stage, r)
-    for (std::size_t r = 0;; ++r) {
-      bool more = false;
-      for (int s = first; s < last; ++s) {
-        if (r >= gated[s].size()) continue;
-        seq[s][r] = static_cast<int>(turns.size());
-        turns.push_back({s, static_cast<int>(r)});
-        more = true;
-      }
-      if (!more) break;
-    }
-    for (std::size_t k = 1; k < turns.size(); ++k) {
-      const auto [x, rx] = turns[k - 1];
-      const auto [y, ry] = turns[k];
-      if (x == y) continue;
-      const Op& guarded = lowered.stages[y].ops[gated[y][ry]];
-      inserted[x].push_back({release_pos[x][rx], seq[x][rx], 3, Op{OpKind::kBarrier, -1, -1, y}});
-      inserted[y].push_back(
-          {offload_pos[y][ry], seq[y][ry], 0, Op{OpKind::kBarrier, guarded.mb, guarded.chunk, x}});
-    }
-  }
-  Schedule program = lowered;
-  for (int s = 0; s < p; ++s) {
-    const std::vector<Op>& ops = lowered.stages[s].ops;
-    std::vector<int> backward(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0);
-    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
-      if (ops[i].kind == OpKind::kBackward) backward[ops[i].chunk * m + ops[i].mb] = i;
-    }
-    for (std::size_t r = 0; r < gated[s].size(); ++r) {
-      const Op& f = ops[gated[s][r]];
-      inserted[s].push_back({offload_pos[s][r], seq[s][r], 1, Op{OpKind::kOffload, f.mb, f.chunk}});
-      inserted[s].push_back({release_pos[s][r], seq[s][r], 2, Op{OpKind::kRelease, f.mb, f.chunk}});
-      inserted[s].push_back(
-          {backward[f.chunk * m + f.mb], seq[s][r], 4, Op{OpKind::kReload, f.mb, f.chunk}});
-    }
-    std::vector<Insertion>& list = inserted[s];
-    std::sort(list.begin(), list.end(), [](const Insertion& a, const Insertion& b) {
-      return std::tie(a.pos, a.seq, a.sub) < std::tie(b.pos, b.seq, b.sub);
-    });
-    std::vector<Op>& out = program.stages[s].ops;
-    out.clear();
-    std::size_t next = 0;
-    for (int i = 0; i <= static_cast<int>(ops.size()); ++i) {
-      for (; next < list.size() && list[next].pos == i; ++next) out.push_back(list[next].op);
-      if (i < static_cast<int>(ops.size())) out.push_back(ops[i]);
-    }
-  }
-  // Reloads free of charge: where they go is planned later, on this timeline.
-  CostModel free_reloads = cost;
-  free_reloads.h2d_bandwidth = 1e300;
-  free_reloads.duplex_bandwidth = 1e300;
-  free_reloads.shared_copy_engine = false;  // nor do they wait for the D2H engine
-  const absl::StatusOr<Timeline> simulated = Simulate(program, free_reloads);
-  if (!simulated.ok() ||
-      simulated->predictions.step_time > base.step_time * (1.0 + kOverheadBudget)) {
-    return false;
-  }
-  Timeline kept;  // the lowered ops only, as the gated program ran them
-  kept.stages.resize(p);
-  copies->assign(p, {});
-  barriers->clear();
-  for (int s = 0; s < p; ++s) {
-    int compute = 0;  // lowered ops but SEND/RECVs so far
-    for (const TimedOp& t : simulated->stages[s]) {
-      if (t.op.kind == OpKind::kOffload) {
-        (*copies)[s].push_back({t.op.mb, t.op.chunk, t.start, t.end});
-      }
-      if (t.op.kind == OpKind::kBarrier) barriers->push_back({s, compute, t.start, t.op});
-      if (IsOffload(t.op.kind) || t.op.kind == OpKind::kBarrier) continue;
-      if (!IsP2P(t.op.kind)) ++compute;
-      kept.stages[s].push_back(t);
-      kept.stages[s].back().index = static_cast<int>(kept.stages[s].size()) - 1;
-    }
-  }
-  *gated_lowered = PostAtTransfers(lowered, kept, gated_times);
-  return true;
-}
-
-std::string Percent(double part, double whole) {
-  return absl::StrFormat("%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
-}
-
-// The warning for a plan that carries less than the policy asks, or "" when it carries it all.
-std::string ShortfallWarning(const PipelineSpec& spec, const CostModel& cost, const Plan& plan,
-                             double step_time, double base_step_time) {
-  double total = 0, requested = 0, planned = 0;
-  std::string stages;
-  int listed = 0;
-  for (int s = 0; s < static_cast<int>(plan.outcomes.size()); ++s) {
-    const StageOutcome& out = plan.outcomes[s];
-    total += static_cast<double>(out.total_bytes);
-    requested += out.requested_bytes;
-    planned += static_cast<double>(out.planned_bytes);
-    if (!out.short_of_request) continue;
-    if (++listed <= 6) {
-      absl::StrAppend(&stages, listed > 1 ? ", " : "", "stage ", s, " ",
-                      Percent(static_cast<double>(out.planned_bytes), out.total_bytes), " of ",
-                      Percent(out.requested_bytes, out.total_bytes));
-    }
-  }
-  if (listed == 0) return "";
-  if (listed > 6) absl::StrAppend(&stages, " and ", listed - 6, " more");
-  // The busiest link direction (or shared copy engine) if every requested entry moved.
-  double busiest = 0.0;
-  std::string where;
-  for (int g = 0; g < static_cast<int>(plan.groups.size()); ++g) {
-    double d2h = plan.p2p_d2h_busy[g], h2d = plan.p2p_h2d_busy[g];
-    for (const StagePlan& stage : plan.groups[g].plans) {
-      const StageOutcome& out = plan.outcomes[stage.stage()];
-      d2h += out.d2h_demand;
-      h2d += out.h2d_demand;
-      if (cost.shared_copy_engine && out.d2h_demand + out.h2d_demand > busiest) {
-        busiest = out.d2h_demand + out.h2d_demand;
-        where = absl::StrCat("stage ", stage.stage(), "'s copy engine");
-      }
-    }
-    if (d2h > busiest) {
-      busiest = d2h;
-      where = absl::StrCat("host:", g, " D2H");
-    }
-    if (h2d > busiest) {
-      busiest = h2d;
-      where = absl::StrCat("host:", g, " H2D");
-    }
-  }
-  const double load = base_step_time > 0 ? busiest / base_step_time : 0.0;
-  const double slowdown = base_step_time > 0 ? (step_time - base_step_time) / base_step_time : 0;
-  return absl::StrCat(
-      "offload ", PolicyName(spec), ": the host links carry less than requested: planned ",
-      Percent(planned, total), " of the activation volume, requested ", Percent(requested, total),
-      " (entries that live long enough to save memory, within the policy's share); short: ",
-      stages, ". All of it would keep ", where, " busy ", absl::StrFormat("%.0f%%", 100 * load),
-      " of the step, so forcing it would slow the step by at least ",
-      absl::StrFormat("%.1f%%", 100.0 * std::max(0.0, load - 1.0)),
-      " (more where copies bunch up, as in a warm-up); this plan's predicted slowdown: ",
-      absl::StrFormat("%.2f%%", 100.0 * slowdown), " (strict mode makes this an error)");
-}
-
-}  // namespace
-
-absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel& cost) {
+// PlanOffload and PlanOffloadOfLowered. With `input_validated`, `lowered_in` is known to pass
+// Validate (Compile's own lowering), so it is validated only where it is returned as it is.
+absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostModel& cost,
+                                         bool input_validated) {
   const PipelineSpec& spec = lowered_in.spec;
   if (spec.offload == OffloadPolicy::kNone) return lowered_in;
   PO_RETURN_IF_ERROR(CheckRequest(lowered_in, cost));
-  if (absl::Status valid = Validate(lowered_in); !valid.ok()) {
-    return Annotate(valid, "PlanOffload: the lowered schedule is not valid");
+  if (!input_validated) {
+    if (absl::Status valid = Validate(lowered_in); !valid.ok()) {
+      return Annotate(valid, "PlanOffload: the lowered schedule is not valid");
+    }
   }
+  // Where the result is the lowered schedule itself, no check below has validated it.
+  const auto validated_input = [&]() -> absl::Status {
+    if (!input_validated) return absl::OkStatus();
+    if (absl::Status valid = Validate(lowered_in); !valid.ok()) {
+      return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
+                                              std::string(valid.message())));
+    }
+    return absl::OkStatus();
+  };
   absl::StatusOr<Timeline> baseline = Simulate(lowered_in, cost);
   if (!baseline.ok()) {
     return Annotate(baseline.status(), "PlanOffload: simulating the lowered schedule");
   }
   if (spec.offload == OffloadPolicy::kSelective && spec.offload_chunks == 0 &&
       spec.offload_fraction == 0.0) {
+    PO_RETURN_IF_ERROR(validated_input());
     Schedule out = lowered_in;
     out.predictions = baseline->predictions;
     out.predictions->warnings.push_back(
@@ -1002,8 +379,8 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel
   }
   // Post each SEND/RECV at its transfer (PostAtTransfers): the same timeline, permuted.
   Timeline posted_times;
-  Schedule lowered = PostAtTransfers(lowered_in, *baseline, &posted_times);
-  if (!ReceivesFirst(lowered)) {
+  Schedule lowered = internal::PostAtTransfers(lowered_in, *baseline, &posted_times);
+  if (!internal::ReceivesFirst(lowered)) {
     // Zero-time ops can tie so that no order by time keeps every consumer after its RECV;
     // plan the lowered order then (its BARRIERs may not come out deadlock-free: Check says).
     lowered = lowered_in;
@@ -1018,11 +395,12 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel
   // whose semantics moved), plan again with a smaller share of what the policy asks (the empty
   // plan is the lowered schedule itself, which always passes).
   std::vector<std::string> warnings;
-  Plan plan;
+  PipelinePlan plan;
   Schedule planned;
   Timeline timeline;
   for (const double share : {1.0, 0.5, 0.25, 0.0}) {
     if (share == 0.0) {
+      PO_RETURN_IF_ERROR(validated_input());
       plan = MakePlan(lowered, cost, posted_times, share, nullptr, nullptr);
       planned = lowered_in;
       timeline = *baseline;
@@ -1035,9 +413,9 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel
     Timeline gated_times;
     std::vector<std::vector<GatedCopy>> copies;
     std::vector<GatedBarrier> gated_barriers;
-    if (GatedWarmup(lowered, cost, posted_times, base, share, &gated_lowered, &gated_times,
-                    &copies, &gated_barriers)) {
-      Plan gated_plan =
+    if (internal::GatedWarmup(lowered, cost, posted_times, base, share, &gated_lowered,
+                              &gated_times, &copies, &gated_barriers)) {
+      PipelinePlan gated_plan =
           MakePlan(gated_lowered, cost, gated_times, share, &copies, &gated_barriers);
       if (gated_plan.ok) {
         Schedule gated_planned = Emit(gated_lowered, gated_plan);
@@ -1051,7 +429,7 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel
       }
     }
     if (found && AtMostTwoEntries(lowered, cost, timeline.predictions)) break;
-    Plan plain_plan = MakePlan(lowered, cost, posted_times, share, nullptr, nullptr);
+    PipelinePlan plain_plan = MakePlan(lowered, cost, posted_times, share, nullptr, nullptr);
     Schedule plain_planned = Emit(lowered, plain_plan);
     Timeline plain_timeline;
     const std::string problem = Check(plain_planned, cost, base, &plain_timeline);
@@ -1070,7 +448,7 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel
 
   const double step = timeline.predictions.step_time;
   const std::string shortfall =
-      ShortfallWarning(spec, cost, plan, step, base.step_time);
+      internal::ShortfallWarning(spec, cost, plan, step, base.step_time);
   if (!shortfall.empty()) warnings.insert(warnings.begin(), shortfall);
   if (spec.strict && !warnings.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("strict offload: ", warnings.front()));
@@ -1079,5 +457,19 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered_in, const CostModel
   for (std::string& warning : warnings) planned.predictions->warnings.push_back(std::move(warning));
   return planned;
 }
+
+}  // namespace
+
+absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered, const CostModel& cost) {
+  return PlanOffloadImpl(lowered, cost, /*input_validated=*/false);
+}
+
+namespace internal {
+
+absl::StatusOr<Schedule> PlanOffloadOfLowered(const Schedule& lowered, const CostModel& cost) {
+  return PlanOffloadImpl(lowered, cost, /*input_validated=*/true);
+}
+
+}  // namespace internal
 
 }  // namespace pipeoffload

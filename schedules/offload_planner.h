@@ -1,4 +1,5 @@
-// Private interface of the offload planner (issue 3): policy search for `auto`.
+// Private interface of the offload planner (issue 3): PlanOffload for the compiler's own
+// lowering, and the policy search for `auto`.
 #ifndef PIPEOFFLOAD_SCHEDULES_OFFLOAD_PLANNER_H_
 #define PIPEOFFLOAD_SCHEDULES_OFFLOAD_PLANNER_H_
 
@@ -10,6 +11,16 @@
 #include "pipeoffload/schedule.h"
 
 namespace pipeoffload::internal {
+
+// PlanOffload (compiler.h) for a schedule that Compile lowered itself. REQUIRES: `lowered`
+// passes Validate (LowerCommunication's result for a resolved spec); it is not validated again
+// unless it is returned as it is. Unless spec.offload is kNone (then `lowered` comes back
+// unchanged, without predictions), the result passes Validate and its predictions are those of
+// Simulate(result, cost) plus the planner's warnings, so the caller need not validate or
+// simulate it again. Errors: those of PlanOffload, and Internal when `lowered`, returned as it
+// is, fails validation after all (a compiler bug).
+[[nodiscard]] absl::StatusOr<Schedule> PlanOffloadOfLowered(const Schedule& lowered,
+                                                            const CostModel& cost);
 
 // `auto`: compiles candidate plans (family, v, g, what to offload) for spec's p and m and
 // returns the fastest whose predicted peak activation bytes fit spec.memory_budget_bytes on

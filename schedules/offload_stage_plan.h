@@ -223,7 +223,7 @@ class StagePlan {
   // A placement for an entry whose D2H the stage's program already times: it runs over
   // [start, end) (the caller has booked it, BookOffload) and its RELEASE goes at `end`, before
   // the first op that starts at or after it (an op the RELEASE may be what delays: a gated
-  // warm-up forward, offload_planner.cc). The RELOAD as in FindPlacement; nullopt without one.
+  // warm-up forward, warmup_gating.h). The RELOAD as in FindPlacement; nullopt without one.
   std::optional<Placement> GatedPlacement(int entry_index, double start, double end,
                                           const TransferResources& res) const {
     const OffloadEntry& entry = entries_[entry_index];

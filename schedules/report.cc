@@ -76,8 +76,14 @@ std::string SpecLine(const PipelineSpec& spec) {
 std::string FormatScheduleTable(const Schedule& schedule, ReportUnits units) {
   const Predictions& pred = *schedule.predictions;
   std::string out = absl::StrCat(SpecLine(schedule.spec), "\n");
+  // The overhead the offload plan costs this order, the number a user weighs against the
+  // memory it saves.
+  const double overhead = pred.step_time_without_offload > 0
+                              ? pred.step_time / pred.step_time_without_offload - 1.0
+                              : 0.0;
   absl::StrAppend(&out, "step ", Time(pred.step_time, units), " (without offload ",
-                  Time(pred.step_time_without_offload, units), "), bubble ",
+                  Time(pred.step_time_without_offload, units), ", overhead ",
+                  absl::StrFormat("%+.2f%%", 100.0 * overhead), "), bubble ",
                   Percent(pred.bubble_ratio), ", collisions ", pred.collisions, "\n\n");
   std::vector<Row> rows;
   for (std::size_t d = 0; d < pred.stages.size(); ++d) {

@@ -75,6 +75,17 @@ if(events LESS 10)
   message(FATAL_ERROR "trace has only ${events} events")
 endif()
 
+# Bandwidth-limited offload: a plan with a warning that names the shortfall, or with --strict an
+# error (exit 2) that says so; never a crash.
+run(0 limited --stages 8 --microbatches 32 --policy po-f --unit-costs --offload-ratio 1)
+expect_contains("${limited}" "overhead +0.00%" "po-f table overhead")
+expect_contains("${limited}" "warning: offload po-f: the host links carry less than requested"
+                "shortfall warning")
+run(2 strict --stages 8 --microbatches 32 --policy po-f --unit-costs --offload-ratio 1 --strict)
+expect_contains("${strict}" "strict offload:" "--strict error")
+run(0 fits --stages 8 --microbatches 32 --policy po-f --unit-costs --offload-ratio 0.25 --strict)
+expect_contains("${fits}" "offload=po-f" "--strict when the links carry the plan")
+
 # compare shows every policy.
 run(0 compare compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 0.25)
 foreach(policy "1f1b" "interleaved" "group-interleaved" "po-h" "po-f" "selective" "auto")
