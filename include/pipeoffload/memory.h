@@ -209,8 +209,8 @@ class ActivationStash {
   // F: a new entry of `bytes` bytes, ON_DEVICE; returns its device memory.
   // Errors: FailedPrecondition when the entry exists; the arena's ResourceExhausted.
   [[nodiscard]] absl::StatusOr<void*> Create(int mb, int chunk, std::int64_t bytes);
-  // B / W: the entry's device memory. REQUIRES state ON_DEVICE. The pointer is valid until the
-  // next call that moves or frees the entry.
+  // B / W: the entry's device memory. REQUIRES state ON_DEVICE, or RELOADING after
+  // OrderReload. The pointer is valid until the next call that moves or frees the entry.
   [[nodiscard]] absl::StatusOr<void*> DeviceData(int mb, int chunk) const;
   // OFFLOAD: ON_DEVICE -> OFFLOADING. Takes a host slot and enqueues the D2H copy after the
   // compute work enqueued so far (the F that wrote the entry).
@@ -221,8 +221,16 @@ class ActivationStash {
   // RELOAD: ON_HOST -> RELOADING. Allocates a device block and enqueues the H2D copy after the
   // compute work enqueued so far (which may still use the block's previous owner's bytes).
   [[nodiscard]] absl::Status StartReload(int mb, int chunk);
-  // Before B: RELOADING -> ON_DEVICE. Waits up to `timeout_seconds` for the H2D copy, then
-  // returns the host slot to the pool. Errors: DeadlineExceeded (the entry stays RELOADING).
+  // Before B, without blocking the caller on an asynchronous backend: compute work enqueued
+  // from now on runs after the H2D copy (the compute queue waits on its event), and
+  // DeviceData may be read by such work. The entry stays RELOADING, holding its host slot,
+  // until FinishReload. (On the CPU backend the compute queue is the calling thread, so this
+  // blocks until the copy is done, up to the backend's queue-wait timeout.)
+  [[nodiscard]] absl::Status OrderReload(int mb, int chunk);
+  // RELOADING -> ON_DEVICE. Waits up to `timeout_seconds` for the H2D copy, then returns the
+  // host slot to the pool. The executor calls it right after enqueuing B (after OrderReload),
+  // so the host waits while the GPU has B queued, not before. Errors: DeadlineExceeded (the
+  // entry stays RELOADING).
   [[nodiscard]] absl::StatusOr<StashTransferTimes> FinishReload(int mb, int chunk,
                                                                 double timeout_seconds);
   // B (unsplit) / W: ON_DEVICE -> gone; the device block returns to the arena.
@@ -252,6 +260,7 @@ class ActivationStash {
     std::int64_t bytes = 0;
     void* device = nullptr;  // null while ON_HOST
     HostSlot host;           // valid from StartOffload until FinishReload
+    bool reload_ordered = false;  // OrderReload ran: compute work waits for the H2D copy
     std::optional<Event> offload_ready, offload_begin, offload_done;
     std::optional<Event> reload_ready, reload_begin, reload_done;
   };

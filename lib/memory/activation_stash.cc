@@ -20,7 +20,10 @@
 //      read by queued compute work); the H2D queue waits on it and on `offload_done` (the host
 //      copy must be complete even if a caller broke the release protocol), records
 //      `reload_begin`, copies, records `reload_done`.
-//    FinishReload: host-waits `reload_done`; only then may B/W read the entry.
+//    OrderReload: the compute queue waits on `reload_done` (no host wait on asynchronous
+//      backends); from then on compute work enqueued may read the entry.
+//    FinishReload: host-waits `reload_done` (after B was enqueued, when it follows
+//      OrderReload), then returns the host slot.
 //  Who frees what, when:
 //    the device block: FinishOffload (after the D2H) and Free; the arena poisons it.
 //    the host slot: FinishReload (after the H2D), matching the compiler's host-memory model
@@ -142,8 +145,10 @@ absl::StatusOr<void*> ActivationStash::DeviceData(int mb, int chunk) const {
     return absl::FailedPreconditionError(
         absl::StrCat(EntryName(mb, chunk), " does not exist; reading it needs ON_DEVICE"));
   }
-  PO_RETURN_IF_ERROR(Expect(it->second, mb, chunk, StashState::kOnDevice, "reading it"));
-  return it->second.device;
+  const Entry& entry = it->second;
+  if (entry.state == StashState::kReloading && entry.reload_ordered) return entry.device;
+  PO_RETURN_IF_ERROR(Expect(entry, mb, chunk, StashState::kOnDevice, "reading it"));
+  return entry.device;
 }
 
 absl::Status ActivationStash::StartOffload(int mb, int chunk) {
@@ -202,6 +207,21 @@ absl::Status ActivationStash::StartReload(int mb, int chunk) {
   return backend_.RecordEvent(*entry->reload_done, h2d);
 }
 
+absl::Status ActivationStash::OrderReload(int mb, int chunk) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "OrderReload (before B)"));
+  PO_RETURN_IF_ERROR(
+      Expect(*entry, mb, chunk, StashState::kReloading, "OrderReload (before B)"));
+  if (entry->reload_ordered) return absl::OkStatus();
+  absl::Status waited =
+      backend_.QueueWaitEvent(backend_.queue(QueueKind::kCompute), *entry->reload_done);
+  if (!waited.ok()) {
+    return Annotate(waited, absl::StrCat(EntryName(mb, chunk), ": ordering compute after its ",
+                                         entry->bytes, "-byte H2D copy"));
+  }
+  entry->reload_ordered = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StashTransferTimes> ActivationStash::FinishReload(int mb, int chunk,
                                                                  double timeout_seconds) {
   PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "FinishReload (before B)"));
@@ -221,6 +241,7 @@ absl::StatusOr<StashTransferTimes> ActivationStash::FinishReload(int mb, int chu
   entry->host = HostSlot{};
   ReturnEvents(*entry);
   entry->state = StashState::kOnDevice;
+  entry->reload_ordered = false;
   return times;
 }
 

@@ -96,7 +96,11 @@ class StageExecutor final : public Executor {
   // Records compute_done_ on the compute queue and host-waits it (bounded by the watchdog).
   absl::Status WaitForCompute(int index, const Op& op);
   absl::StatusOr<void*> TakeInput(int index, const Op& op, bool activation);
+  // The entry B or W reads: a reloading entry is ordered before the compute work (no host
+  // wait); FinishReloadAfter, right after the model call, host-waits its copy and returns the
+  // host slot, so the host blocks only while the GPU already has the op queued.
   absl::StatusOr<void*> ReadyEntry(int index, const Op& op);
+  absl::Status FinishReloadAfter(int index, const Op& op);
   absl::StatusOr<void*> AllocateP2P(int index, const Op& op);
   absl::Status CallModel(int index, const absl::Status& result);
   void Poll();
@@ -195,21 +199,32 @@ absl::StatusOr<void*> StageExecutor::TakeInput(int index, const Op& op, bool act
       place_.stage_of(producer), " was posted before it, so its input never arrives"));
 }
 
-absl::StatusOr<void*> StageExecutor::ReadyEntry(int index, const Op& op) {
+absl::Status StageExecutor::FinishReloadAfter(int index, const Op& op) {
+  if (stash_.State(op.mb, op.chunk) != StashState::kReloading) return absl::OkStatus();
   const Key key(op.mb, op.chunk);
+  const double start = Now();
+  absl::StatusOr<StashTransferTimes> times =
+      stash_.FinishReload(op.mb, op.chunk, watchdog_.timeout_seconds());
+  stats_.wait_seconds += Now() - start;
+  const Op reload{OpKind::kReload, op.mb, op.chunk, -1};
+  PO_RETURN_IF_ERROR(watchdog_.Check(times.status(), reload, op, index));
+  if (auto it = offload_ops_.find(key); it != offload_ops_.end()) {
+    Time(it->second, times->offload_start, times->offload_end);
+  }
+  if (auto it = reload_ops_.find(key); it != reload_ops_.end()) {
+    Time(it->second, times->reload_start, times->reload_end);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> StageExecutor::ReadyEntry(int index, const Op& op) {
   if (stash_.State(op.mb, op.chunk) == StashState::kReloading) {
+    // On the CPU backend this blocks (the compute queue is this thread): count it as a wait.
     const double start = Now();
-    absl::StatusOr<StashTransferTimes> times =
-        stash_.FinishReload(op.mb, op.chunk, watchdog_.timeout_seconds());
+    const absl::Status ordered = stash_.OrderReload(op.mb, op.chunk);
     stats_.wait_seconds += Now() - start;
     const Op reload{OpKind::kReload, op.mb, op.chunk, -1};
-    PO_RETURN_IF_ERROR(watchdog_.Check(times.status(), reload, op, index));
-    if (auto it = offload_ops_.find(key); it != offload_ops_.end()) {
-      Time(it->second, times->offload_start, times->offload_end);
-    }
-    if (auto it = reload_ops_.find(key); it != reload_ops_.end()) {
-      Time(it->second, times->reload_start, times->reload_end);
-    }
+    PO_RETURN_IF_ERROR(watchdog_.Check(ordered, reload, op, index));
   }
   absl::StatusOr<void*> saved = stash_.DeviceData(op.mb, op.chunk);
   if (!saved.ok()) return Annotate(saved.status(), Where(index, op));
@@ -272,6 +287,7 @@ absl::Status StageExecutor::Backward(int index, const Op& op) {
     Time(index, start, end);
     stats_.compute_seconds += end - start;
     PO_RETURN_IF_ERROR(CallModel(index, computed));
+    PO_RETURN_IF_ERROR(FinishReloadAfter(index, op));
     if (spec_.split_backward) return absl::OkStatus();  // W frees the entry
     PO_RETURN_IF_ERROR(Annotate(stash_.Free(op.mb, op.chunk), Where(index, op)));
     SampleMemory();
@@ -294,6 +310,7 @@ absl::Status StageExecutor::BackwardWeight(int index, const Op& op) {
   Time(index, start, end);
   stats_.compute_seconds += end - start;
   PO_RETURN_IF_ERROR(CallModel(index, status));
+  PO_RETURN_IF_ERROR(FinishReloadAfter(index, op));
   PO_RETURN_IF_ERROR(Annotate(stash_.Free(op.mb, op.chunk), Where(index, op)));
   SampleMemory();
   return absl::OkStatus();

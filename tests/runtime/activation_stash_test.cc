@@ -43,8 +43,8 @@ struct Fixture {
   std::unique_ptr<ActivationStash> stash;
 };
 
-enum class Action { kCreate, kRead, kStartOffload, kFinishOffload, kStartReload, kFinishReload,
-                    kFree };
+enum class Action { kCreate, kRead, kStartOffload, kFinishOffload, kStartReload, kOrderReload,
+                    kFinishReload, kFree };
 
 const char* ActionName(Action action) {
   switch (action) {
@@ -53,6 +53,7 @@ const char* ActionName(Action action) {
     case Action::kStartOffload: return "StartOffload";
     case Action::kFinishOffload: return "FinishOffload";
     case Action::kStartReload: return "StartReload";
+    case Action::kOrderReload: return "OrderReload";
     case Action::kFinishReload: return "FinishReload";
     case Action::kFree: return "Free";
   }
@@ -66,6 +67,7 @@ absl::Status Do(ActivationStash& stash, Action action, int mb, int chunk) {
     case Action::kStartOffload: return stash.StartOffload(mb, chunk);
     case Action::kFinishOffload: return stash.FinishOffload(mb, chunk, kTimeout);
     case Action::kStartReload: return stash.StartReload(mb, chunk);
+    case Action::kOrderReload: return stash.OrderReload(mb, chunk);
     case Action::kFinishReload: return stash.FinishReload(mb, chunk, kTimeout).status();
     case Action::kFree: return stash.Free(mb, chunk);
   }
@@ -92,7 +94,7 @@ bool Legal(StashState state, Action action) {
     case StashState::kOnHost:
       return action == Action::kStartReload;
     case StashState::kReloading:
-      return action == Action::kFinishReload;
+      return action == Action::kOrderReload || action == Action::kFinishReload;
   }
   return false;
 }
@@ -102,7 +104,7 @@ TEST_CASE("stash rejects every illegal transition, naming entry and state", "[ru
                                     StashState::kOnHost, StashState::kReloading);
   const Action action = GENERATE(Action::kCreate, Action::kRead, Action::kStartOffload,
                                  Action::kFinishOffload, Action::kStartReload,
-                                 Action::kFinishReload, Action::kFree);
+                                 Action::kOrderReload, Action::kFinishReload, Action::kFree);
   if (Legal(state, action)) return;
   Fixture f;
   BringTo(*f.stash, state);
@@ -118,7 +120,8 @@ TEST_CASE("stash rejects every illegal transition, naming entry and state", "[ru
 
 TEST_CASE("stash rejects every call on an entry that does not exist", "[runtime][stash]") {
   const Action action = GENERATE(Action::kRead, Action::kStartOffload, Action::kFinishOffload,
-                                 Action::kStartReload, Action::kFinishReload, Action::kFree);
+                                 Action::kStartReload, Action::kOrderReload,
+                                 Action::kFinishReload, Action::kFree);
   Fixture f;
   REQUIRE(Do(*f.stash, Action::kCreate, 1, 0).ok());
   const absl::Status status = Do(*f.stash, action, 2, 1);
@@ -152,6 +155,15 @@ TEST_CASE("stash round trip keeps every byte under copy delays", "[runtime][stas
     CHECK(*static_cast<std::uint32_t*>(*device) == kPoisonWord);
     REQUIRE(f.stash->StartReload(0, 0).ok());
     CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kBytes);
+    // The executor's order before B: compute waits for the copy, then reads the entry (still
+    // RELOADING, holding its host slot), and only then returns the slot.
+    CHECK_FALSE(f.stash->DeviceData(0, 0).ok());
+    REQUIRE(f.stash->OrderReload(0, 0).ok());
+    CHECK(f.stash->State(0, 0) == StashState::kReloading);
+    absl::StatusOr<void*> ordered = f.stash->DeviceData(0, 0);
+    REQUIRE(ordered.ok());
+    CHECK(std::memcmp(*ordered, pattern.data(), pattern.size()) == 0);
+    CHECK(f.pool->slots_in_use() == 1);
     absl::StatusOr<StashTransferTimes> times = f.stash->FinishReload(0, 0, kTimeout);
     REQUIRE(times.ok());
     CHECK(times->offload_start <= times->offload_end);
