@@ -10,6 +10,8 @@
 //    is ordered after the compute work that last used the block) and returns the range.
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -78,12 +80,35 @@ absl::StatusOr<void*> DeviceArena::Allocate(std::int64_t bytes, MemoryCategory c
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes <= options_.budget_bytes) {
     const std::int64_t size = AlignedSize(bytes);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < size) continue;
-      const std::int64_t offset = it->first;
-      const std::int64_t rest = it->second - size;
-      free_.erase(it);
-      if (rest > 0) free_.emplace(offset + size, rest);
+    // P2P buffers are small and short-lived, and they come and go in an order that depends on
+    // when peers finish; carved first-fit between stash entries they split the free space
+    // (a budget that holds the plan then fails for want of one contiguous block). So they are
+    // carved from the top of the highest range that fits, everything else first-fit from the
+    // bottom: the two kinds stay apart.
+    std::optional<std::int64_t> found;
+    if (category == MemoryCategory::kP2P) {
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+        if (it->second < size) continue;
+        const std::int64_t start = it->first;
+        const std::int64_t rest = it->second - size;
+        free_.erase(std::next(it).base());
+        if (rest > 0) free_.emplace(start, rest);
+        found = start + rest;
+        break;
+      }
+    } else {
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second < size) continue;
+        const std::int64_t start = it->first;
+        const std::int64_t rest = it->second - size;
+        free_.erase(it);
+        if (rest > 0) free_.emplace(start + size, rest);
+        found = start;
+        break;
+      }
+    }
+    if (found.has_value()) {
+      const std::int64_t offset = *found;
       live_.emplace(offset, Block{size, bytes, category});
       MemoryUsage& usage = usage_[static_cast<int>(category)];
       usage.in_use_bytes += bytes;

@@ -56,6 +56,28 @@ TEST_CASE("arena allocates first fit and reuses the first hole that fits", "[run
   CHECK(arena->reserved_bytes() == 256 + 256 + 256 + 256 + 256);
 }
 
+TEST_CASE("arena carves P2P buffers from the top, so they never split the stash's space",
+          "[runtime][arena]") {
+  constexpr std::int64_t kStash = 4 * 256;
+  constexpr std::int64_t kP2P = 256;
+  auto backend = Cpu();
+  // At most 2 stash entries and 4 P2P buffers live at once: a budget of exactly that.
+  auto arena = Arena(*backend, 2 * kStash + 4 * kP2P);
+  auto* base = static_cast<char*>(Allocate(*arena, kStash));
+  void* p1 = Allocate(*arena, kP2P, MemoryCategory::kP2P);
+  CHECK(p1 == base + 2 * kStash + 3 * kP2P);  // the top block
+  REQUIRE(arena->Free(base).ok());
+  // First fit would put this P2P buffer at 0 and the next stash entry after it, and the last
+  // stash entry would then find the free space split by P2P buffers (found by a search over
+  // short sequences; it failed with the budget above).
+  Allocate(*arena, kP2P, MemoryCategory::kP2P);
+  CHECK(Allocate(*arena, kStash) == base);
+  Allocate(*arena, kP2P, MemoryCategory::kP2P);
+  CHECK(Allocate(*arena, kStash) == base + kStash);
+  Allocate(*arena, kP2P, MemoryCategory::kP2P);
+  CHECK(arena->largest_free_block() == 0);
+}
+
 TEST_CASE("arena coalesces freed neighbours in any order", "[runtime][arena]") {
   auto backend = Cpu();
   auto arena = Arena(*backend, 16 * 256);
