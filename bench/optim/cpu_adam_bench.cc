@@ -1,0 +1,495 @@
+// cpu_adam_bench: CPU Adam (include/pipeoffload/adam.h) against the host's measured memory
+// bandwidth (issue 6: >= 85% of it), per ISA and thread count.
+//
+// 1. STREAM-like passes on a WorkerPool of t threads (the pool CpuAdam uses), over arrays much
+//    larger than the last-level cache, for each thread count t:
+//      triad        a[i] = b[i] + s * c[i]            12 B/element (STREAM's count: 2 read, 1 write)
+//      adam-shaped  read p, m, v, g; write p, m, v    28 B/element (4 streams read, 3 written)
+//    The adam-shaped figure is the ceiling for Adam (same streams, trivial arithmetic).
+// 2. CpuAdam::Update for each ISA and thread count, with and without the bf16 copy. Bytes
+//    counted per parameter: read p, m, v, g (16) + write p, m, v (12) = 28, + 2 for the bf16
+//    copy = 30. Write-allocate reads of the bf16 array are not counted (as STREAM does not).
+//    Reported as params/s, GB/s and % of the adam-shaped pass at the same thread count.
+// Every figure is the median of --reps timed runs after --warmup untimed ones. GB/s = 1e9 B/s.
+//
+// Flags: --params=N (2^24; --big: 2^28 = 4.3 GB of state + 0.5 GB bf16)
+//        --threads=sweep|all|1,2,4 (sweep: 1, 2, 4, ... and every CPU we may use)
+//        --isas=scalar,avx2,avx512 (default: every one this CPU runs)
+//        --bf16=both|on|off (both)  --reps=N (5)  --warmup=N (1)
+//        --json=PATH (also write the results as JSON)  --no-stream  --smoke (2^16, 1 rep)
+//        --prefetch=0,1024,...: CpuAdamOptions::prefetch_bytes values to measure (-1: by CPU
+//          vendor; rows name the distance used when it is not 0)
+//        --skew=P,M,V,G,B: where each array starts, in cache lines past a page boundary
+//          (default 0,13,26,39,52; 0,0,0,0,0 shows what same-offset arrays cost)
+// Prints a markdown table (with date, CPU and command) on stdout.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "lib/optim/worker_pool.h"
+#include "nlohmann/json.hpp"
+#include "pipeoffload/adam.h"
+
+namespace pipeoffload {
+namespace {
+
+using internal::WorkerPool;
+using nlohmann::json;
+
+constexpr double kTriadBytes = 12.0;        // per element: b, c read; a written
+constexpr double kAdamShapedBytes = 28.0;   // per element: p, m, v, g read; p, m, v written
+constexpr double kAdamBytes = 28.0;         // per param, without the bf16 copy
+constexpr double kAdamBf16Bytes = 30.0;     // per param, with it
+
+struct Flags {
+  std::int64_t params = std::int64_t{1} << 24;
+  std::string threads = "sweep";
+  std::vector<CpuIsa> isas;
+  std::string bf16 = "both";
+  int reps = 5;
+  int warmup = 1;
+  std::string json_path;
+  bool stream = true;
+  std::vector<int> skews = {0, 13, 26, 39, 52};  // p, m, v, g, bf16: see Array
+  std::vector<int> prefetch = {-1};              // CpuAdamOptions::prefetch_bytes values
+  std::string command;
+};
+
+[[noreturn]] void Usage(const std::string& message) {
+  std::fprintf(stderr,
+               "cpu_adam_bench: %s\nusage: cpu_adam_bench [--params=N | --big] "
+               "[--threads=sweep|all|1,2,4] [--isas=scalar,avx2,avx512] [--bf16=both|on|off] "
+               "[--reps=5] [--warmup=1] [--json=PATH] [--no-stream] [--smoke] "
+               "[--skew=P,M,V,G,B] [--prefetch=0,1024]\n",
+               message.c_str());
+  std::exit(2);
+}
+
+std::vector<std::string> Split(const std::string& list) {
+  std::vector<std::string> items;
+  std::stringstream stream(list);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+std::int64_t ParseInt(const std::string& flag, const std::string& text, std::int64_t min) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 0);
+  if (text.empty() || *end != '\0' || value < min) {
+    Usage(flag + " wants an integer >= " + std::to_string(min) + ", got '" + text + "'");
+  }
+  return value;
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 0; i < argc; ++i) flags.command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (name == "--params") {
+      flags.params = ParseInt(name, value, 1);
+    } else if (name == "--big") {
+      flags.params = std::int64_t{1} << 28;
+    } else if (name == "--smoke") {
+      flags.params = std::int64_t{1} << 16;
+      flags.reps = 1;
+      flags.warmup = 0;
+    } else if (name == "--threads") {
+      flags.threads = value;
+    } else if (name == "--isas") {
+      for (const std::string& isa_name : Split(value)) {
+        bool known = false;
+        for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+          if (CpuIsaName(isa) == isa_name) {
+            known = true;
+            if (!CpuSupports(isa)) Usage("this CPU cannot run " + isa_name);
+            flags.isas.push_back(isa);
+          }
+        }
+        if (!known) Usage("unknown ISA '" + isa_name + "'");
+      }
+    } else if (name == "--bf16") {
+      if (value != "both" && value != "on" && value != "off") Usage("--bf16 wants both|on|off");
+      flags.bf16 = value;
+    } else if (name == "--reps") {
+      flags.reps = static_cast<int>(ParseInt(name, value, 1));
+    } else if (name == "--warmup") {
+      flags.warmup = static_cast<int>(ParseInt(name, value, 0));
+    } else if (name == "--json") {
+      flags.json_path = value;
+    } else if (name == "--skew") {
+      const std::vector<std::string> items = Split(value);
+      if (items.size() != 5) Usage("--skew wants 5 cache-line counts: p,m,v,g,bf16");
+      for (std::size_t k = 0; k < 5; ++k) {
+        flags.skews[k] = static_cast<int>(ParseInt(name, items[k], 0));
+        if (flags.skews[k] > 63) Usage("--skew: at most 63 lines (one page)");
+      }
+    } else if (name == "--prefetch") {
+      flags.prefetch.clear();
+      for (const std::string& item : Split(value)) {
+        flags.prefetch.push_back(static_cast<int>(ParseInt(name, item, -1)));
+      }
+      if (flags.prefetch.empty()) Usage("--prefetch names no distance");
+    } else if (name == "--no-stream") {
+      flags.stream = false;
+    } else {
+      Usage("unknown flag '" + arg + "'");
+    }
+  }
+  if (flags.isas.empty()) {
+    for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      if (CpuSupports(isa)) flags.isas.push_back(isa);
+    }
+  }
+  return flags;
+}
+
+// Thread counts of --threads; `all` is what CpuAdam uses with threads = 0.
+std::vector<int> ThreadCounts(const std::string& spec, int all) {
+  std::vector<int> counts;
+  if (spec == "all") {
+    counts.push_back(all);
+  } else if (spec == "sweep") {
+    for (int t = 1; t < all; t *= 2) counts.push_back(t);
+    counts.push_back(all);
+  } else {
+    for (const std::string& item : Split(spec)) {
+      counts.push_back(static_cast<int>(ParseInt("--threads", item, 1)));
+    }
+  }
+  if (counts.empty()) Usage("--threads names no thread count");
+  return counts;
+}
+
+// Uninitialized (first touch decides NUMA placement: see Fill), with transparent huge pages
+// requested (fewer TLB misses on multi-GB arrays). The data starts `skew_lines` cache lines past
+// a page boundary: with all arrays at the same offset in a page, element i of every stream
+// shares its low 12 address bits, and the adam-shaped pass ran ~4x slower on AMD Zen 4 (CpuAdam
+// ~30% slower; see adam.h). --skew=0,0,0,0,0 measures that case.
+template <typename T>
+struct Array {
+  Array(std::int64_t count, int skew_lines) {
+    const std::size_t skew = static_cast<std::size_t>(skew_lines) * 64;
+    bytes = (static_cast<std::size_t>(count) * sizeof(T) + skew + 4095) / 4096 * 4096;
+    base = std::aligned_alloc(4096, bytes);
+    if (base == nullptr) {
+      std::fprintf(stderr, "cpu_adam_bench: cannot allocate %zu bytes\n", bytes);
+      std::exit(1);
+    }
+#if defined(MADV_HUGEPAGE)
+    madvise(base, bytes, MADV_HUGEPAGE);  // advisory: failure is fine
+#endif
+    data = reinterpret_cast<T*>(static_cast<char*>(base) + skew);
+  }
+  ~Array() { std::free(base); }
+  Array(const Array&) = delete;
+  Array& operator=(const Array&) = delete;
+  T& operator[](std::int64_t i) { return data[i]; }
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  T* data = nullptr;
+};
+
+// Runs body(begin, end) over [0, count) cut into `pool.size()` cache-line aligned parts.
+void ParallelFor(WorkerPool& pool, std::int64_t count,
+                 const std::function<void(std::int64_t, std::int64_t)>& body) {
+  const std::vector<std::int64_t> bounds = internal::AlignedSplit(count, pool.size(), 16, 0);
+  pool.Run(pool.size(), [&](int part) {
+    body(bounds[static_cast<std::size_t>(part)], bounds[static_cast<std::size_t>(part) + 1]);
+  });
+}
+
+double Seconds(const std::function<void()>& run) {
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double MedianSeconds(const Flags& flags, const std::function<void()>& run) {
+  for (int i = 0; i < flags.warmup; ++i) run();
+  std::vector<double> times;
+  for (int i = 0; i < flags.reps; ++i) times.push_back(Seconds(run));
+  std::sort(times.begin(), times.end());
+  const std::size_t n = times.size();
+  return n % 2 == 1 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+}
+
+struct State {
+  // `skews`: each array's start, in cache lines past a page boundary.
+  State(std::int64_t n, const std::vector<int>& skews)
+      : count(n), p(n, skews[0]), m(n, skews[1]), v(n, skews[2]), g(n, skews[3]),
+        bf16(n, skews[4]) {}
+  std::int64_t count;
+  Array<float> p, m, v, g;
+  Array<std::uint16_t> bf16;
+};
+
+// Adam-like values (no denormals: they would slow some CPUs down), written by the threads
+// that will later run on each part.
+void Fill(WorkerPool& pool, State& s) {
+  ParallelFor(pool, s.count, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float x = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
+      s.p[i] = x;
+      s.m[i] = x * 1e-2f;
+      s.v[i] = 1e-4f + x * x * 1e-4f;
+      s.g[i] = x * 3e-2f + 1e-3f;
+      s.bf16[i] = 0;
+    }
+  });
+}
+
+struct StreamRow {
+  int threads = 0;
+  double triad_gbs = 0.0;
+  double adam_shaped_gbs = 0.0;
+};
+
+// The STREAM-like loops, vectorized by the compiler (-O3) for each ISA and picked at load time
+// by the CPU's features (GCC function multi-versioning), so the ceiling is measured with the
+// widest vectors this CPU has, as the Adam kernels use.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PO_BENCH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PO_BENCH_CLONES
+#endif
+
+PO_BENCH_CLONES void TriadRange(float* __restrict a, const float* __restrict b,
+                                const float* __restrict c, std::int64_t begin,
+                                std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) a[i] = b[i] + 0.5f * c[i];
+}
+
+// Loads first, then stores, as the Adam kernels do.
+PO_BENCH_CLONES void AdamShapedRange(float* __restrict p, float* __restrict m,
+                                     float* __restrict v, const float* __restrict g,
+                                     std::int64_t begin, std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float pi = p[i], mi = m[i], vi = v[i], gi = g[i];
+    p[i] = pi - 1e-3f * gi;
+    m[i] = 0.5f * mi + gi;
+    v[i] = 0.5f * vi + gi;
+  }
+}
+
+StreamRow MeasureStream(const Flags& flags, int threads, State& s) {
+  WorkerPool pool(threads);
+  const std::int64_t n = s.count;
+  StreamRow row;
+  row.threads = threads;
+  const double triad = MedianSeconds(flags, [&] {
+    ParallelFor(pool, n, [&](std::int64_t begin, std::int64_t end) {
+      TriadRange(s.p.data, s.m.data, s.v.data, begin, end);
+    });
+  });
+  row.triad_gbs = kTriadBytes * static_cast<double>(n) / triad / 1e9;
+  const double shaped = MedianSeconds(flags, [&] {
+    ParallelFor(pool, n, [&](std::int64_t begin, std::int64_t end) {
+      AdamShapedRange(s.p.data, s.m.data, s.v.data, s.g.data, begin, end);
+    });
+  });
+  row.adam_shaped_gbs = kAdamShapedBytes * static_cast<double>(n) / shaped / 1e9;
+  return row;
+}
+
+struct AdamRow {
+  CpuIsa isa = CpuIsa::kScalar;
+  int threads = 0;
+  bool bf16 = false;
+  int prefetch = 0;
+  double seconds = 0.0;
+  double params_per_s = 0.0;
+  double gbs = 0.0;
+  double pct_of_stream = 0.0;  // of the adam-shaped pass at the same thread count (0: none)
+};
+
+AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16, int prefetch,
+                    State& s) {
+  CpuAdamOptions options;
+  options.threads = threads;
+  options.isa = isa;
+  options.pick_best_isa = false;
+  options.prefetch_bytes = prefetch;
+  auto cpu_adam = CpuAdam::Create(options);
+  if (!cpu_adam.ok()) {
+    std::fprintf(stderr, "cpu_adam_bench: %s\n", std::string(cpu_adam.status().message()).c_str());
+    std::exit(1);
+  }
+  AdamOptions adam;
+  adam.weight_decay = 0.01f;
+  auto scalars = MakeAdamStepScalars(adam, 10);
+  if (!scalars.ok()) std::exit(1);
+  AdamSpan span;
+  span.param = s.p.data;
+  span.exp_avg = s.m.data;
+  span.exp_avg_sq = s.v.data;
+  span.grad = s.g.data;
+  span.param_bf16 = with_bf16 ? s.bf16.data : nullptr;
+  span.count = s.count;
+  AdamRow row;
+  row.isa = isa;
+  row.threads = threads;
+  row.bf16 = with_bf16;
+  row.prefetch = (*cpu_adam)->prefetch_bytes();
+  row.seconds = MedianSeconds(flags, [&] {
+    const absl::Status status = (*cpu_adam)->Update(*scalars, span);
+    if (!status.ok()) {
+      std::fprintf(stderr, "cpu_adam_bench: %s\n", std::string(status.message()).c_str());
+      std::exit(1);
+    }
+  });
+  row.params_per_s = static_cast<double>(s.count) / row.seconds;
+  row.gbs = row.params_per_s * (with_bf16 ? kAdamBf16Bytes : kAdamBytes) / 1e9;
+  return row;
+}
+
+std::string CpuModel() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  return text;
+}
+
+int Main(int argc, char** argv) {
+  const Flags flags = ParseFlags(argc, argv);
+  auto probe = CpuAdam::Create();
+  if (!probe.ok()) return 1;
+  const int all = (*probe)->threads();
+  probe->reset();
+  const std::vector<int> thread_counts = ThreadCounts(flags.threads, all);
+  const int max_threads = *std::max_element(thread_counts.begin(), thread_counts.end());
+
+  State state(flags.params, flags.skews);
+  WorkerPool fill_pool(max_threads);
+  Fill(fill_pool, state);
+
+  const double state_gb = static_cast<double>(flags.params) * 18.0 / 1e9;
+  std::printf("## cpu_adam_bench, %s\n\n", UtcNow().c_str());
+  std::printf("CPU: %s; %d CPUs usable; best ISA %s. Command: `%s`\n\n", CpuModel().c_str(), all,
+              std::string(CpuIsaName(BestCpuIsa())).c_str(), flags.command.c_str());
+  std::printf("%lld params (%.2f GB of p, m, v, g and bf16); median of %d reps after %d "
+              "warm-up.\n\n",
+              static_cast<long long>(flags.params), state_gb, flags.reps, flags.warmup);
+
+  std::vector<StreamRow> stream;
+  if (flags.stream) {
+    std::printf("| threads | triad GB/s (12 B/elem) | adam-shaped GB/s (28 B/elem) |\n");
+    std::printf("|---|---|---|\n");
+    for (int t : thread_counts) {
+      stream.push_back(MeasureStream(flags, t, state));
+      std::printf("| %d | %.1f | %.1f |\n", t, stream.back().triad_gbs,
+                  stream.back().adam_shaped_gbs);
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+    Fill(fill_pool, state);  // the passes above left arbitrary values
+  }
+
+  std::vector<bool> bf16_modes;
+  if (flags.bf16 != "off") bf16_modes.push_back(true);
+  if (flags.bf16 != "on") bf16_modes.push_back(false);
+  std::printf("| kernel | threads | params | B/param | median ms | G params/s | GB/s | "
+              "%% of adam-shaped |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::vector<AdamRow> rows;
+  for (CpuIsa isa : flags.isas) {
+    for (bool with_bf16 : bf16_modes) {
+      for (int prefetch : flags.prefetch) {
+        for (int t : thread_counts) {
+          AdamRow row = MeasureAdam(flags, isa, t, with_bf16, prefetch, state);
+          for (const StreamRow& s : stream) {
+            if (s.threads == t) row.pct_of_stream = 100.0 * row.gbs / s.adam_shaped_gbs;
+          }
+          char percent[32] = "-";
+          if (row.pct_of_stream > 0) {
+            std::snprintf(percent, sizeof(percent), "%.1f%%", row.pct_of_stream);
+          }
+          char name[64];
+          std::snprintf(name, sizeof(name), "cpu_adam-%s%s", std::string(CpuIsaName(isa)).c_str(),
+                        with_bf16 ? "+bf16" : "");
+          if (row.prefetch > 0) {
+            const std::string base = name;
+            std::snprintf(name, sizeof(name), "%s pf%d", base.c_str(), row.prefetch);
+          }
+          std::printf("| %s | %d | %lld | %.0f | %.2f | %.3f | %.1f | %s |\n", name, t,
+                      static_cast<long long>(flags.params),
+                      with_bf16 ? kAdamBf16Bytes : kAdamBytes, row.seconds * 1e3,
+                      row.params_per_s / 1e9, row.gbs, percent);
+          std::fflush(stdout);
+          rows.push_back(row);
+        }
+      }
+    }
+  }
+
+  if (!flags.json_path.empty()) {
+    json out;
+    out["date"] = UtcNow();
+    out["cpu"] = CpuModel();
+    out["cpus_usable"] = all;
+    out["best_isa"] = std::string(CpuIsaName(BestCpuIsa()));
+    out["command"] = flags.command;
+    out["params"] = flags.params;
+    out["reps"] = flags.reps;
+    out["warmup"] = flags.warmup;
+    out["bytes_per_param"] = {{"adam", kAdamBytes}, {"adam_bf16", kAdamBf16Bytes}};
+    out["stream"] = json::array();
+    for (const StreamRow& s : stream) {
+      out["stream"].push_back({{"threads", s.threads},
+                               {"triad_gbs", s.triad_gbs},
+                               {"adam_shaped_gbs", s.adam_shaped_gbs}});
+    }
+    out["adam"] = json::array();
+    for (const AdamRow& r : rows) {
+      out["adam"].push_back({{"isa", std::string(CpuIsaName(r.isa))},
+                             {"threads", r.threads},
+                             {"bf16", r.bf16},
+                             {"prefetch_bytes", r.prefetch},
+                             {"median_s", r.seconds},
+                             {"params_per_s", r.params_per_s},
+                             {"gbs", r.gbs},
+                             {"pct_of_adam_shaped", r.pct_of_stream}});
+    }
+    std::ofstream file(flags.json_path);
+    file << out.dump(2) << "\n";
+    if (!file) {
+      std::fprintf(stderr, "cpu_adam_bench: cannot write %s\n", flags.json_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pipeoffload
+
+int main(int argc, char** argv) { return pipeoffload::Main(argc, argv); }

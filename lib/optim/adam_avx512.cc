@@ -1,0 +1,235 @@
+// The AVX-512F Adam kernel and block sum of squares (simd_kernels.h): 16 fp32 lanes, the tail
+// done by the same vector code under a lane mask, so every element goes through the same
+// instructions. Built with -mavx512f -ffp-contract=off and called only where the CPU has
+// AVX-512F (cpu_isa.cc). This file must not use inline functions or templates shared with other
+// files (the linker could keep this file's AVX-512 copy for everyone) nor headers with static
+// objects: intrinsics only, and simd_kernels.h instead of adam.h (the optim_isa_objects test
+// checks the object file).
+#include <cstdint>
+
+#include "lib/optim/simd_kernels.h"
+
+#if defined(__AVX512F__)
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() (self-initialized on purpose) as the
+// merge source of unmasked builtins, which -Wmaybe-uninitialized reports inside the header
+// (GCC bug 105593, fixed in GCC 13). The diagnostics are located in the header's lines, so
+// silencing them around the include is enough.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace pipeoffload::internal {
+
+#if defined(__AVX512F__)
+namespace {
+
+constexpr int kLanes = 16;
+// Elements per block of the two-pass bf16 path (2 KiB of p: stays in L1).
+constexpr std::int64_t kBf16Block = 512;
+
+struct Vectors {
+  __m512 grad_scale, weight_decay, beta1, one_minus_beta1, beta2, one_minus_beta2, decay_factor,
+      inv_sqrt_bias_correction2, epsilon, step_size;
+};
+
+// fp32 -> bf16 bits, round to nearest even, NaN -> (bits >> 16) | 0x40 (FloatToBf16Bits).
+// Integer arithmetic rather than VCVTNEPS2BF16, which flushes denormal inputs to zero. Returns
+// the 16-bit results in the low halves of the 32-bit lanes.
+__m512i ToBf16(__m512 p) {
+  const __m512i bits = _mm512_castps_si512(p);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb),
+                        16);
+  const __m512i quiet_nan =
+      _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x0040));
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
+}
+
+// The span's pointers in locals: read through `const KernelSpan&` they would be reloaded after
+// every store (a float store may alias the struct), serializing the loop on them.
+struct Pointers {
+  float* __restrict param;
+  float* __restrict exp_avg;
+  float* __restrict exp_avg_sq;
+  const float* __restrict grad;
+  std::uint16_t* __restrict param_bf16;
+};
+
+// One vector of the contract at element i; `mask` selects the live lanes (all 16 but in the
+// tail). Dead lanes load zeros and compute harmlessly (0 / eps, or 0 / 0 = NaN when eps is 0;
+// never stored).
+template <bool kL2, bool kDecoupled, bool kBf16>
+inline __attribute__((always_inline)) void Step(const Vectors& s, const Pointers& a,
+                                                std::int64_t i, __mmask16 mask) {
+  __m512 p = _mm512_maskz_loadu_ps(mask, a.param + i);
+  __m512 m = _mm512_maskz_loadu_ps(mask, a.exp_avg + i);
+  __m512 v = _mm512_maskz_loadu_ps(mask, a.exp_avg_sq + i);
+  __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, a.grad + i), s.grad_scale);
+  if constexpr (kL2) g = _mm512_add_ps(g, _mm512_mul_ps(s.weight_decay, p));
+  m = _mm512_add_ps(_mm512_mul_ps(s.beta1, m), _mm512_mul_ps(s.one_minus_beta1, g));
+  v = _mm512_add_ps(_mm512_mul_ps(s.beta2, v),
+                    _mm512_mul_ps(s.one_minus_beta2, _mm512_mul_ps(g, g)));
+  if constexpr (kDecoupled) p = _mm512_mul_ps(p, s.decay_factor);
+  const __m512 d =
+      _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), s.inv_sqrt_bias_correction2), s.epsilon);
+  p = _mm512_sub_ps(p, _mm512_mul_ps(s.step_size, _mm512_div_ps(m, d)));
+  _mm512_mask_storeu_ps(a.param + i, mask, p);
+  _mm512_mask_storeu_ps(a.exp_avg + i, mask, m);
+  _mm512_mask_storeu_ps(a.exp_avg_sq + i, mask, v);
+  if constexpr (kBf16) _mm512_mask_cvtepi32_storeu_epi16(a.param_bf16 + i, mask, ToBf16(p));
+}
+
+// The bf16 copy of p[b, end) (full vectors), from p just written (in L1). The register form of
+// VPMOVDW and a plain or non-temporal store: the store-to-memory form is microcoded on some
+// CPUs.
+template <bool kStream>
+void StoreBf16(const Pointers& a, std::int64_t b, std::int64_t end) {
+  for (std::int64_t i = b; i < end; i += kLanes) {
+    const __m256i bf16 = _mm512_cvtepi32_epi16(ToBf16(_mm512_loadu_ps(a.param + i)));
+    if constexpr (kStream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(a.param_bf16 + i), bf16);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.param_bf16 + i), bf16);
+    }
+  }
+}
+
+// Software prefetch of the read streams' line `bytes` past element i. Address arithmetic on
+// integers: the target may lie past the arrays' ends, where pointer arithmetic would be
+// undefined (prefetches never fault).
+inline __attribute__((always_inline)) void Prefetch(const Pointers& a, std::int64_t i,
+                                                    std::int64_t bytes) {
+  const auto at = [&](const float* base) {
+    return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base + i) +
+                                         static_cast<std::uintptr_t>(bytes));
+  };
+  _mm_prefetch(at(a.param), _MM_HINT_T0);
+  _mm_prefetch(at(a.exp_avg), _MM_HINT_T0);
+  _mm_prefetch(at(a.exp_avg_sq), _MM_HINT_T0);
+  _mm_prefetch(at(a.grad), _MM_HINT_T0);
+}
+
+template <bool kL2, bool kDecoupled, bool kBf16>
+void Run(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+  const Pointers a = {span.param, span.exp_avg, span.exp_avg_sq, span.grad, span.param_bf16};
+  const std::int64_t count = span.count;
+  const std::int64_t full = count - count % kLanes;
+  std::int64_t i = 0;
+  if constexpr (kBf16) {
+    // The bf16 copy in a second pass over each L1-resident block: chained behind the sqrt and
+    // the division in the same iteration, its integer ops clog the scheduler; reloading p from
+    // L1 is nearly free. Where the output is 32-byte aligned it is written with non-temporal
+    // stores: it is written only, so a normal store would first read each line from DRAM (2
+    // more bytes per param), and it is next read by a DMA engine, not by this CPU.
+    const bool stream = reinterpret_cast<std::uintptr_t>(a.param_bf16) % 32 == 0;
+    for (; i < full; i += kBf16Block) {
+      const std::int64_t end = i + kBf16Block < full ? i + kBf16Block : full;
+      for (std::int64_t j = i; j < end; j += kLanes) {
+        if (prefetch_bytes > 0) Prefetch(a, j, prefetch_bytes);
+        Step<kL2, kDecoupled, false>(s, a, j, 0xffff);
+      }
+      if (stream) {
+        StoreBf16<true>(a, i, end);
+      } else {
+        StoreBf16<false>(a, i, end);
+      }
+    }
+    i = full;
+    // Non-temporal stores are weakly ordered: make them visible before we return (the caller
+    // may hand the buffer to another thread or a DMA engine).
+    if (stream) _mm_sfence();
+  } else {
+    for (; i < full; i += kLanes) {
+      if (prefetch_bytes > 0) Prefetch(a, i, prefetch_bytes);
+      Step<kL2, kDecoupled, false>(s, a, i, 0xffff);
+    }
+  }
+  if (i < count) {
+    const auto live = static_cast<unsigned>(count - i);
+    Step<kL2, kDecoupled, kBf16>(s, a, i, static_cast<__mmask16>((1u << live) - 1u));
+  }
+}
+
+template <bool kL2, bool kDecoupled>
+void RunBf16(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+  if (span.param_bf16 != nullptr) {
+    Run<kL2, kDecoupled, true>(s, span, prefetch_bytes);
+  } else {
+    Run<kL2, kDecoupled, false>(s, span, prefetch_bytes);
+  }
+}
+
+}  // namespace
+
+void AdamUpdateAvx512(const KernelScalars& scalars, const KernelSpan& span,
+                      std::int64_t prefetch_bytes) {
+  const Vectors s = {
+      _mm512_set1_ps(scalars.grad_scale),
+      _mm512_set1_ps(scalars.weight_decay),
+      _mm512_set1_ps(scalars.beta1),
+      _mm512_set1_ps(scalars.one_minus_beta1),
+      _mm512_set1_ps(scalars.beta2),
+      _mm512_set1_ps(scalars.one_minus_beta2),
+      _mm512_set1_ps(scalars.decay_factor),
+      _mm512_set1_ps(scalars.inv_sqrt_bias_correction2),
+      _mm512_set1_ps(scalars.epsilon),
+      _mm512_set1_ps(scalars.step_size),
+  };
+  const bool l2 = scalars.weight_decay != 0.0f;
+  const bool decoupled = scalars.decay_factor != 1.0f;
+  if (l2 && decoupled) {
+    RunBf16<true, true>(s, span, prefetch_bytes);
+  } else if (l2) {
+    RunBf16<true, false>(s, span, prefetch_bytes);
+  } else if (decoupled) {
+    RunBf16<false, true>(s, span, prefetch_bytes);
+  } else {
+    RunBf16<false, false>(s, span, prefetch_bytes);
+  }
+}
+
+double SumOfSquaresBlockAvx512(const float* x, std::int64_t count) {
+  // Lanes 0-7 in lo, 8-15 in hi (simd_kernels.h): x[i..i+7] -> lo, x[i+8..i+15] -> hi. Halves
+  // are loaded as 256-bit vectors: GCC 12's 512->256 cast and extract intrinsics trip
+  // -Wuninitialized inside its own headers.
+  __m512d lo = _mm512_setzero_pd();
+  __m512d hi = _mm512_setzero_pd();
+  const std::int64_t full = count - count % kSumLanes;
+  for (std::int64_t i = 0; i < full; i += kSumLanes) {
+    const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    const __m512d b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  if (full < count) {
+    // Zero padding adds +0 to sums of squares (>= +0): no change.
+    alignas(64) float tail[kSumLanes] = {};
+    for (std::int64_t j = 0; full + j < count; ++j) tail[j] = x[full + j];
+    const __m512d a = _mm512_cvtps_pd(_mm256_load_ps(tail));
+    const __m512d b = _mm512_cvtps_pd(_mm256_load_ps(tail + 8));
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  // s8[j] = a[j] + a[j+8] in a vector, then the rest of the tree on its 8 values.
+  alignas(64) double s8[8];
+  _mm512_store_pd(s8, _mm512_add_pd(lo, hi));
+  const double s4[4] = {s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]};
+  const double s2[2] = {s4[0] + s4[2], s4[1] + s4[3]};
+  return s2[0] + s2[1];
+}
+
+#else  // !__AVX512F__: never called (CpuSupports(kAvx512) is false in such a build).
+
+void AdamUpdateAvx512(const KernelScalars&, const KernelSpan&, std::int64_t) {
+  __builtin_trap();
+}
+double SumOfSquaresBlockAvx512(const float*, std::int64_t) { __builtin_trap(); }
+
+#endif
+
+}  // namespace pipeoffload::internal

@@ -1,0 +1,120 @@
+// The scalar Adam reference (adam.h's contract, one element at a time) and the scalar block sum
+// of squares. Built without ISA flags and with -ffp-contract=off: these are the bits every other
+// kernel, CPU or GPU, must reproduce, so nothing here may be fused or reassociated.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "lib/optim/adam_kernels.h"
+#include "pipeoffload/adam.h"
+
+namespace pipeoffload {
+namespace {
+
+// Byte ranges of two arrays of `count` elements overlap.
+bool Overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  if (a == nullptr || b == nullptr || a_bytes == 0 || b_bytes == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b);
+  return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+// One element of the contract, in its order. `kL2` / `kDecoupled`: which weight-decay line runs
+// (adam.h: read off weight_decay != 0 and decay_factor != 1).
+template <bool kL2, bool kDecoupled>
+void UpdateRange(const AdamStepScalars& s, const AdamSpan& span) {
+  for (std::int64_t i = 0; i < span.count; ++i) {
+    float p = span.param[i];
+    float m = span.exp_avg[i];
+    float v = span.exp_avg_sq[i];
+    float g = span.grad[i] * s.grad_scale;
+    if constexpr (kL2) g = g + s.weight_decay * p;
+    m = s.beta1 * m + s.one_minus_beta1 * g;
+    v = s.beta2 * v + s.one_minus_beta2 * (g * g);
+    if constexpr (kDecoupled) p = p * s.decay_factor;
+    const float d = std::sqrt(v) * s.inv_sqrt_bias_correction2 + s.epsilon;
+    p = p - s.step_size * (m / d);
+    span.param[i] = p;
+    span.exp_avg[i] = m;
+    span.exp_avg_sq[i] = v;
+    if (span.param_bf16 != nullptr) span.param_bf16[i] = FloatToBf16Bits(p);
+  }
+}
+
+}  // namespace
+
+absl::Status CheckAdamSpan(const AdamSpan& span) {
+  if (span.count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Adam span: count = ", span.count, " must be >= 0"));
+  }
+  if (span.count > std::numeric_limits<std::int64_t>::max() / 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Adam span: count = ", span.count, " is too large to address"));
+  }
+  if (span.count == 0) return absl::OkStatus();
+  const struct {
+    const char* name;
+    const void* ptr;
+    std::size_t bytes;
+  } arrays[] = {
+      {"param", span.param, sizeof(float)},
+      {"exp_avg", span.exp_avg, sizeof(float)},
+      {"exp_avg_sq", span.exp_avg_sq, sizeof(float)},
+      {"grad", span.grad, sizeof(float)},
+      {"param_bf16", span.param_bf16, sizeof(std::uint16_t)},
+  };
+  constexpr int kRequired = 4;  // every array but param_bf16
+  for (int i = 0; i < kRequired; ++i) {
+    if (arrays[i].ptr == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Adam span: ", arrays[i].name, " is null (count = ", span.count, ")"));
+    }
+  }
+  const auto n = static_cast<std::size_t>(span.count);
+  for (int i = 0; i < 5; ++i) {
+    for (int j = i + 1; j < 5; ++j) {
+      if (Overlap(arrays[i].ptr, n * arrays[i].bytes, arrays[j].ptr, n * arrays[j].bytes)) {
+        return absl::InvalidArgumentError(absl::StrCat("Adam span: ", arrays[i].name, " and ",
+                                                       arrays[j].name, " overlap (count = ",
+                                                       span.count, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AdamUpdateScalar(const AdamStepScalars& scalars, const AdamSpan& span) {
+  if (!CheckAdamSpan(span).ok()) return;
+  const bool l2 = scalars.weight_decay != 0.0f;
+  const bool decoupled = scalars.decay_factor != 1.0f;
+  if (l2 && decoupled) {
+    UpdateRange<true, true>(scalars, span);
+  } else if (l2) {
+    UpdateRange<true, false>(scalars, span);
+  } else if (decoupled) {
+    UpdateRange<false, true>(scalars, span);
+  } else {
+    UpdateRange<false, false>(scalars, span);
+  }
+}
+
+namespace internal {
+
+double SumOfSquaresBlockScalar(const float* x, std::int64_t count) {
+  double lanes[kSumLanes] = {};
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double xi = x[i];
+    lanes[i % kSumLanes] += xi * xi;
+  }
+  // The fixed tree of simd_kernels.h.
+  for (int width = kSumLanes / 2; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
+  }
+  return lanes[0];
+}
+
+}  // namespace internal
+}  // namespace pipeoffload
