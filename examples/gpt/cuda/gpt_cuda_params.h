@@ -1,0 +1,95 @@
+// Parameters of one CUDA chunk on the device: a table of tensors (global id, spec) in canonical
+// order, each at a 256-byte aligned offset, and one array per role:
+//   bf16   working copy the kernels read (always)
+//   grad   fp32 gradient accumulators (always)
+//   master fp32 parameters, m and v (AdamW moments): only with optimizer state (the full GPT;
+//          the benchmark's layer stack has none)
+// The AdamW step (LaunchAdamUpdate, lib/optim/cuda/adam_kernel.h) updates master, m and v and
+// rewrites the bf16 copy from the new master in the same pass.
+#ifndef PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_PARAMS_H_
+#define PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_PARAMS_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "examples/gpt/cuda/gpt_cuda_util.h"
+#include "examples/gpt/gpt_config.h"
+#include "examples/gpt/gpt_params.h"
+
+namespace pipeoffload::gpt::cuda {
+
+struct DeviceTensor {
+  int id = 0;  // global id (index into GptTensorSpecs)
+  TensorSpec spec;
+  std::int64_t offset = 0;  // elements into every array; a multiple of 128
+};
+
+// The 12 specs of one layer of width C in canonical order (kLn1Weight .. kFcProjBias), with
+// GPT-2's init (N(0, 0.02) matrices, the two residual projections scaled by 1/sqrt(2 L)),
+// for models that are not built from a GptConfig (the layer stack).
+std::vector<TensorSpec> LayerTensorSpecs(int C, int layer, int total_layers);
+
+class DeviceParameters {
+ public:
+  // Allocates the arrays for `tensors` (id, spec) from `memory` on the current device; every
+  // array starts zeroed (enqueued on `stream`). An empty list allocates nothing (a chunk with
+  // no layers, embedding or head). Errors: the allocation's.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DeviceParameters>> Create(
+      const std::vector<DeviceTensor>& tensors, bool with_optimizer_state,
+      DeviceAllocations& memory, cudaStream_t stream);
+
+  const std::vector<DeviceTensor>& tensors() const { return tensors_; }
+  std::int64_t padded_elements() const { return padded_; }
+  bool has_optimizer_state() const { return master_ != nullptr; }
+  // Local index of tensor `id`, or -1.
+  int Find(int id) const;
+
+  const __nv_bfloat16* weight(int local) const { return bf16_ + tensors_[local].offset; }
+  float* grad(int local) const { return grad_ + tensors_[local].offset; }
+
+  // master = the block's fp32 values of every tensor of ours (by id; host copies, synchronous:
+  // creation only), bf16 = their rounding (RoundToBf16Bits). REQUIRES: optimizer state;
+  // InvalidArgument when the block lacks one of our ids or its size differs.
+  [[nodiscard]] absl::Status UploadFrom(const ParameterBlock& block, cudaStream_t stream);
+  // bf16 = per the specs: N(0, init_std) from (seed, id) where init_std > 0, else init_value.
+  [[nodiscard]] absl::Status FillRandom(std::uint64_t seed, cudaStream_t stream);
+  [[nodiscard]] absl::Status ZeroGrads(cudaStream_t stream);
+  // One AdamW step (t >= 1) on every tensor from its gradient; weight decay on the tensors
+  // whose spec says so. Errors: FailedPrecondition without optimizer state or when the build
+  // has no GPU Adam (po_optim_cuda); InvalidArgument for bad hyper-parameters.
+  [[nodiscard]] absl::Status AdamWStep(const AdamWConfig& config, std::int64_t t,
+                                       cudaStream_t stream);
+
+  // Host copies for tests and checksums (synchronize `stream` first): tensor `local`'s master
+  // (fp32; InvalidArgument without optimizer state), gradient, or bf16 copy widened to fp32.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadMaster(int local,
+                                                                  cudaStream_t stream) const;
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadGrad(int local,
+                                                                cudaStream_t stream) const;
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadWeight(int local,
+                                                                  cudaStream_t stream) const;
+
+ private:
+  DeviceParameters() = default;
+
+  std::vector<DeviceTensor> tensors_;
+  std::int64_t padded_ = 0;
+  __nv_bfloat16* bf16_ = nullptr;
+  float* grad_ = nullptr;
+  float* master_ = nullptr;
+  float* m_ = nullptr;
+  float* v_ = nullptr;
+};
+
+// Lays `specs` (with their ids) out at 128-element aligned offsets.
+std::vector<DeviceTensor> LayOutTensors(const std::vector<std::pair<int, TensorSpec>>& specs);
+
+}  // namespace pipeoffload::gpt::cuda
+
+#endif  // PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_PARAMS_H_

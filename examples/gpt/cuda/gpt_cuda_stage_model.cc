@@ -1,0 +1,250 @@
+// GptCudaStageModel (see gpt_cuda_stage_model.h). Invariants:
+//  - Every CUDA call runs with the backend's device current (ScopedDevice) and enqueues on
+//    the backend's compute stream, so the executor's events order it with offload copies.
+//  - All device memory is allocated in Create (through the context's DeviceAllocations) and
+//    freed after the destructor has waited for the stream; nothing allocates per step.
+//  - tokens_/targets_/losses_ hold microbatch mb at offset mb * N; they are rewritten only by
+//    StartIteration, on the stream, so kernels of the previous step that read them are done.
+#include "examples/gpt/cuda/gpt_cuda_stage_model.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "lib/backend/cuda/cuda_status.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/cuda_stream.h"
+
+namespace pipeoffload::gpt::cuda {
+namespace {
+
+constexpr double kWaitSeconds = 120.0;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
+    Backend& backend, const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
+    std::shared_ptr<const GptData> data) {
+  PO_RETURN_IF_ERROR(ValidateGptConfig(config));
+  PO_RETURN_IF_ERROR(ValidatePipelineShape(num_stages, chunks_per_stage, stage));
+  if (data == nullptr) return absl::InvalidArgumentError("GptCudaStageModel needs a data source");
+  PO_RETURN_IF_ERROR(data->CheckCompatible(config));
+  PO_ASSIGN_OR_RETURN(const int device, CudaBackendDevice(backend));
+  PO_ASSIGN_OR_RETURN(cudaStream_t stream, CudaComputeStream(backend));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device));
+  std::unique_ptr<GptCudaStageModel> model(
+      new GptCudaStageModel(backend, config, num_stages, stage, std::move(data), device, stream));
+  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
+  PO_ASSIGN_OR_RETURN(model->context_, GptCudaContext::Create(dims, device, stream));
+  const int num_virtual = num_stages * chunks_per_stage;
+  for (int c = 0; c < chunks_per_stage; ++c) {
+    PO_ASSIGN_OR_RETURN(
+        std::unique_ptr<GptCudaChunk> chunk,
+        GptCudaChunk::CreateGpt(config, c * num_stages + stage, num_virtual, *model->context_));
+    model->chunks_.push_back(std::move(chunk));
+  }
+  const std::int64_t mn = std::int64_t{config.num_microbatches} * dims.N();
+  DeviceAllocations& memory = model->context_->allocations();
+  PO_ASSIGN_OR_RETURN(model->tokens_, memory.AllocateArray<std::int32_t>(mn));
+  PO_ASSIGN_OR_RETURN(model->targets_, memory.AllocateArray<std::int32_t>(mn));
+  PO_ASSIGN_OR_RETURN(model->losses_, memory.AllocateArray<float>(mn));
+  model->host_tokens_.resize(static_cast<std::size_t>(mn));
+  model->host_targets_.resize(static_cast<std::size_t>(mn));
+  PO_RETURN_IF_ERROR(WaitForStream(stream, kWaitSeconds, "GptCudaStageModel::Create"));
+  return model;
+}
+
+GptCudaStageModel::GptCudaStageModel(Backend& backend, const GptConfig& config, int num_stages,
+                                     int stage, std::shared_ptr<const GptData> data, int device,
+                                     cudaStream_t stream)
+    : backend_(backend),
+      config_(config),
+      num_stages_(num_stages),
+      stage_(stage),
+      num_tensors_(static_cast<int>(GptTensorSpecs(config).size())),
+      data_(std::move(data)),
+      device_(device),
+      stream_(stream) {}
+
+GptCudaStageModel::~GptCudaStageModel() {
+  internal::ScopedDevice guard;
+  if (!guard.Enter(device_).ok()) return;
+  // Teardown: queued kernels may still use our buffers.
+  static_cast<void>(WaitForStream(stream_, kWaitSeconds, "~GptCudaStageModel"));
+  chunks_.clear();
+  context_.reset();
+}
+
+std::int64_t GptCudaStageModel::SavedBytes(int chunk, bool split_backward) const {
+  if (chunk < 0 || chunk >= chunks_per_stage()) return 0;
+  return chunks_[static_cast<std::size_t>(chunk)]->SavedBytes(split_backward);
+}
+
+std::int64_t GptCudaStageModel::BoundaryBytes() const {
+  return std::int64_t{config_.batch_size} * config_.seq_len * config_.n_embd * 2;
+}
+
+absl::Status GptCudaStageModel::CheckCall(const char* op, int mb, int chunk,
+                                          const void* saved) const {
+  if (mb < 0 || mb >= config_.num_microbatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": mb ", mb, " is out of range [0, ", config_.num_microbatches, ")"));
+  }
+  if (chunk < 0 || chunk >= chunks_per_stage()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": chunk ", chunk, " is out of range [0, ",
+                                                   chunks_per_stage(), ") on stage ", stage_));
+  }
+  if (saved == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": saved is null"));
+  if (step_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": StartIteration was not called before the first compute op"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptCudaStageModel::Forward(int mb, int chunk, const void* input, void* output,
+                                        void* saved) {
+  PO_RETURN_IF_ERROR(CheckCall("Forward", mb, chunk, saved));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  const std::int64_t at = std::int64_t{mb} * context_->dims().N();
+  GptCudaChunk& c = *chunks_[static_cast<std::size_t>(chunk)];
+  return Annotate(
+      c.Forward(tokens_ + at, targets_ + at, static_cast<const bf16*>(input),
+                static_cast<bf16*>(output), static_cast<std::byte*>(saved), losses_ + at),
+      absl::StrCat("Forward(mb ", mb, ", chunk ", chunk, ")"));
+}
+
+absl::Status GptCudaStageModel::Backward(int mb, int chunk, const void* grad_output,
+                                         void* grad_input, void* saved, bool with_weight_grad) {
+  PO_RETURN_IF_ERROR(CheckCall("Backward", mb, chunk, saved));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  // d(objective)/d(token loss): the mean over m microbatches of each one's mean over N tokens.
+  const double tokens = static_cast<double>(config_.batch_size) * config_.seq_len;
+  const float dloss = static_cast<float>(1.0 / (tokens * config_.num_microbatches));
+  return Annotate(chunks_[static_cast<std::size_t>(chunk)]->Backward(
+                      static_cast<const bf16*>(grad_output), static_cast<bf16*>(grad_input),
+                      static_cast<std::byte*>(saved), with_weight_grad, dloss),
+                  absl::StrCat("Backward(mb ", mb, ", chunk ", chunk, ")"));
+}
+
+absl::Status GptCudaStageModel::BackwardWeight(int mb, int chunk, void* saved) {
+  PO_RETURN_IF_ERROR(CheckCall("BackwardWeight", mb, chunk, saved));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return Annotate(
+      chunks_[static_cast<std::size_t>(chunk)]->BackwardWeight(static_cast<std::byte*>(saved)),
+      absl::StrCat("BackwardWeight(mb ", mb, ", chunk ", chunk, ")"));
+}
+
+absl::Status GptCudaStageModel::StartIteration(std::int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StartIteration: step ", step, " < 0"));
+  }
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  step_ = step;
+  for (auto& c : chunks_) PO_RETURN_IF_ERROR(c->params().ZeroGrads(stream_));
+  const bool needs_data = chunks_.front()->is_first() || chunks_.back()->is_last();
+  if (!needs_data) return absl::OkStatus();
+  const int n = context_->dims().N();
+  for (int mb = 0; mb < config_.num_microbatches; ++mb) {
+    const std::size_t at = static_cast<std::size_t>(mb) * static_cast<std::size_t>(n);
+    data_->Microbatch(config_.seed, step, mb, config_.batch_size, config_.seq_len,
+                      host_tokens_.data() + at, host_targets_.data() + at);
+  }
+  // From pageable memory: the call returns once the bytes are staged, so the host vectors
+  // may be refilled next step; the device buffers are written in stream order.
+  const std::size_t bytes = host_tokens_.size() * sizeof(std::int32_t);
+  PO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(tokens_, host_tokens_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  PO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(targets_, host_targets_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GptCudaStageModel::OptimizerStep() {
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  ++optimizer_steps_;
+  for (auto& c : chunks_) {
+    PO_RETURN_IF_ERROR(c->params().AdamWStep(config_.optimizer, optimizer_steps_, stream_));
+  }
+  return absl::OkStatus();
+}
+
+bool GptCudaStageModel::holds_loss() const { return chunks_.back()->is_last(); }
+
+absl::Status GptCudaStageModel::Synchronize(double timeout_seconds) const {
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return WaitForStream(stream_, timeout_seconds, "GptCudaStageModel::Synchronize");
+}
+
+absl::StatusOr<std::vector<double>> GptCudaStageModel::Losses() const {
+  if (!holds_loss()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", stage_, " does not hold the last virtual stage's loss"));
+  }
+  PO_RETURN_IF_ERROR(Synchronize());
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  const std::int64_t n = context_->dims().N();
+  std::vector<float> all(static_cast<std::size_t>(n * config_.num_microbatches));
+  PO_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(all.data(), losses_, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<double> means;
+  for (int mb = 0; mb < config_.num_microbatches; ++mb) {
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) sum += all[static_cast<std::size_t>(mb * n + i)];
+    means.push_back(sum / static_cast<double>(n));
+  }
+  return means;
+}
+
+absl::StatusOr<std::pair<const GptCudaChunk*, int>> GptCudaStageModel::FindTensor(int id) const {
+  for (const auto& c : chunks_) {
+    const int local = c->params().Find(id);
+    if (local >= 0) return std::pair<const GptCudaChunk*, int>{c.get(), local};
+  }
+  return absl::NotFoundError(absl::StrCat("tensor ", id, " is not on stage ", stage_));
+}
+
+absl::StatusOr<std::vector<float>> GptCudaStageModel::DownloadMaster(int id) const {
+  PO_ASSIGN_OR_RETURN(auto found, FindTensor(id));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return found.first->params().DownloadMaster(found.second, stream_);
+}
+
+absl::StatusOr<std::vector<float>> GptCudaStageModel::DownloadWeight(int id) const {
+  PO_ASSIGN_OR_RETURN(auto found, FindTensor(id));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return found.first->params().DownloadWeight(found.second, stream_);
+}
+
+absl::StatusOr<std::vector<float>> GptCudaStageModel::DownloadGrad(int id) const {
+  PO_ASSIGN_OR_RETURN(auto found, FindTensor(id));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return found.first->params().DownloadGrad(found.second, stream_);
+}
+
+absl::StatusOr<std::vector<TensorHash>> GptCudaStageModel::ParameterHashes() const {
+  std::vector<TensorHash> hashes;
+  for (const auto& c : chunks_) {
+    for (int local = 0; local < static_cast<int>(c->params().tensors().size()); ++local) {
+      PO_ASSIGN_OR_RETURN(
+          std::vector<float> values,
+          DownloadMaster(c->params().tensors()[static_cast<std::size_t>(local)].id));
+      hashes.push_back(
+          {c->params().tensors()[static_cast<std::size_t>(local)].id,
+           Fnv1a64(values.data(), static_cast<std::int64_t>(values.size() * sizeof(float)))});
+    }
+  }
+  return hashes;
+}
+
+}  // namespace pipeoffload::gpt::cuda

@@ -1,0 +1,125 @@
+// The GPT on the GPU as a pipeoffload::StageModel: the chunks (virtual stages c * p + stage)
+// of one pipeline stage (gpt_cuda_chunk.h), the stage's AdamW on the GPU, and the iteration
+// protocol around the runtime's F / B / W calls. The CUDA mirror of GptStageModel
+// (examples/gpt/gpt_stage_model.h), same config, same data, same parameters at step 0.
+//
+// Iteration protocol, per training step s (the trainer drives it on each stage):
+//   1. StartIteration(s): enqueues zeroing of the gradients and the upload of step s's tokens
+//      (virtual stage 0) and targets (the last) for every microbatch.
+//   2. The runtime's F / B / W calls, in schedule order (per chunk, B and W in microbatch
+//      order, which fixes every gradient's accumulation order: bitwise reproducible).
+//   3. OptimizerStep(): AdamW (LaunchAdamUpdate) on every chunk's fp32 master, m and v, which
+//      also rewrites the bf16 working copies.
+// Everything is enqueued on the backend's compute stream; only the readers of results
+// (Losses, ParameterHashes, DownloadMaster) and StartIteration's host-side token staging wait
+// for it. Differences from the CPU model: bf16 activations (the loss agrees to a tolerance,
+// not bitwise), untied embeddings only, and no saved-entry header (checking one would need a
+// device-to-host read per B).
+//
+// Thread safety: one stage's calls must not overlap (the runtime issues them in order on one
+// thread). Distinct stage models may run on different threads, on one GPU or several.
+#ifndef PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_STAGE_MODEL_H_
+#define PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_STAGE_MODEL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "examples/gpt/cuda/gpt_cuda_chunk.h"
+#include "examples/gpt/cuda/gpt_cuda_layer.h"
+#include "examples/gpt/gpt_config.h"
+#include "examples/gpt/gpt_data.h"
+#include "examples/gpt/gpt_params.h"
+#include "pipeoffload/backend.h"
+#include "pipeoffload/stage_model.h"
+
+namespace pipeoffload::gpt::cuda {
+
+class GptCudaStageModel final : public StageModel {
+ public:
+  // Stage `stage` of `num_stages` with `chunks_per_stage` chunks on `backend` (a CUDA backend,
+  // which must outlive the model). Parameters, gradients, AdamW state, scratch and the step's
+  // token buffers are cudaMalloc'd here (outside the runtime's arena), once.
+  // Errors: InvalidArgument for a bad config or pipeline shape, a corpus the config cannot
+  // read, a non-CUDA backend, or sizes the CUDA kernels do not take (GptCudaChunk::CreateGpt);
+  // Unimplemented for tied embeddings; allocation / CUDA / cuBLAS errors.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GptCudaStageModel>> Create(
+      Backend& backend, const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
+      std::shared_ptr<const GptData> data);
+  // Waits for the compute stream, then frees everything.
+  ~GptCudaStageModel() override;
+
+  // --- StageModel -----------------------------------------------------------------------------
+  // 0 for a chunk outside [0, chunks_per_stage()).
+  std::int64_t SavedBytes(int chunk, bool split_backward) const override;
+  std::int64_t BoundaryBytes() const override;  // (B,T,C) bf16
+  // InvalidArgument: mb or chunk out of range, a null pointer the call needs;
+  // FailedPrecondition: no StartIteration yet. Then the kernels' errors.
+  [[nodiscard]] absl::Status Forward(int mb, int chunk, const void* input, void* output,
+                                     void* saved) override;
+  [[nodiscard]] absl::Status Backward(int mb, int chunk, const void* grad_output,
+                                      void* grad_input, void* saved,
+                                      bool with_weight_grad) override;
+  [[nodiscard]] absl::Status BackwardWeight(int mb, int chunk, void* saved) override;
+
+  // --- Iteration protocol ---------------------------------------------------------------------
+  [[nodiscard]] absl::Status StartIteration(std::int64_t step);
+  // AdamW with bias correction t = steps so far + 1. Errors: FailedPrecondition when the build
+  // has no GPU Adam.
+  [[nodiscard]] absl::Status OptimizerStep();
+
+  // --- Results (each waits for the compute stream) --------------------------------------------
+  bool holds_loss() const;
+  // Mean loss of each microbatch of the current iteration, summed in token order in double as
+  // the CPU model does. FailedPrecondition on a stage without the loss.
+  [[nodiscard]] absl::StatusOr<std::vector<double>> Losses() const;
+  // FNV-1a hashes of the fp32 master of each tensor (CombineTensorHashes gives the checksum).
+  [[nodiscard]] absl::StatusOr<std::vector<TensorHash>> ParameterHashes() const;
+  // Tensor `id`'s fp32 master, bf16 copy (widened) or gradient, or NotFound on this stage.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadMaster(int id) const;
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadWeight(int id) const;
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadGrad(int id) const;
+  // Blocks until the compute stream is idle (bounded: DeadlineExceeded after the timeout).
+  [[nodiscard]] absl::Status Synchronize(double timeout_seconds = 120.0) const;
+
+  const GptConfig& config() const { return config_; }
+  int num_tensors() const { return num_tensors_; }
+  int chunks_per_stage() const { return static_cast<int>(chunks_.size()); }
+  GptCudaChunk& chunk(int c) { return *chunks_[static_cast<std::size_t>(c)]; }
+  std::int64_t device_bytes() const { return context_->allocations().total_bytes(); }
+
+ private:
+  GptCudaStageModel(Backend& backend, const GptConfig& config, int num_stages, int stage,
+                    std::shared_ptr<const GptData> data, int device, cudaStream_t stream);
+  absl::Status CheckCall(const char* op, int mb, int chunk, const void* saved) const;
+  // Chunk and local tensor index of global tensor `id`, or NotFound.
+  absl::StatusOr<std::pair<const GptCudaChunk*, int>> FindTensor(int id) const;
+
+  Backend& backend_;
+  const GptConfig config_;
+  const int num_stages_;
+  const int stage_;
+  const int num_tensors_;
+  const std::shared_ptr<const GptData> data_;
+  const int device_;
+  const cudaStream_t stream_;
+  std::unique_ptr<GptCudaContext> context_;  // before the chunks: they use its memory
+  std::vector<std::unique_ptr<GptCudaChunk>> chunks_;
+
+  std::int64_t step_ = -1;
+  std::int64_t optimizer_steps_ = 0;
+  // The step's microbatches: (m, N) each, device and host staging.
+  std::int32_t* tokens_ = nullptr;
+  std::int32_t* targets_ = nullptr;
+  float* losses_ = nullptr;
+  std::vector<std::int32_t> host_tokens_;
+  std::vector<std::int32_t> host_targets_;
+};
+
+}  // namespace pipeoffload::gpt::cuda
+
+#endif  // PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_STAGE_MODEL_H_

@@ -1,0 +1,245 @@
+// The CUDA GPT as a pipeline on one GPU (stages as threads, local transport over device memory,
+// one CUDA backend, arena and executor per stage: examples/gpt/cuda/one_gpu_pipeline.h):
+//  - po-f activation offload vs no offload: every parameter bitwise equal after two training
+//    steps, and the losses too (offload moves bytes, never changes them);
+//  - the executor's measured stash peak on every stage equals the compiler's prediction, and
+//    po-f really offloaded (bytes moved, stage 0's peak below the no-offload peak), so the
+//    equality above is not vacuous;
+//  - released arena blocks are poisoned, so a stash entry read after its release would turn
+//    into NaN losses instead of passing;
+//  - the interleaved schedule with a split backward (W ops) and po-f ends with the same bits as
+//    1F1B without offload: the GPU kernels are deterministic whatever the split.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "examples/gpt/cuda/gpt_cuda_stage_model.h"
+#include "examples/gpt/cuda/gpt_layer_stack.h"
+#include "examples/gpt/cuda/one_gpu_pipeline.h"
+#include "examples/gpt/gpt_data.h"
+#include "pipeoffload/compiler.h"
+#include "pipeoffload/cost_model.h"
+#include "tests/gpt_cuda/gpt_cuda_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/testing/catch.h"
+
+namespace pipeoffload::gpt::cuda {
+namespace {
+
+using model_testing::ValueOrFail;
+
+constexpr int kSteps = 2;
+
+GptConfig PipelineConfig() {
+  GptConfig config;
+  config.vocab_size = 256;
+  config.seq_len = 64;
+  config.n_embd = 128;
+  config.n_head = 2;
+  config.n_layer = 4;
+  config.batch_size = 2;
+  config.num_microbatches = 4;
+  return config;
+}
+
+// Nominal costs (a chunk's F, B and W take one unit; an entry crosses the host link in a
+// quarter of one) and the models' exact bytes, so the predicted stash peaks are exact.
+template <typename Model>
+CostModel PipelineCost(const std::vector<std::unique_ptr<Model>>& models,
+                       const PipelineSpec& spec) {
+  CostModel cost;
+  cost.forward_time = cost.backward_time = cost.weight_time = 1.0;
+  const int p = spec.num_stages;
+  cost.activation_bytes_per_virtual_stage.assign(
+      static_cast<std::size_t>(p * spec.chunks_per_stage), 0);
+  for (int d = 0; d < p; ++d) {
+    for (int c = 0; c < spec.chunks_per_stage; ++c) {
+      cost.activation_bytes_per_virtual_stage[static_cast<std::size_t>(c * p + d)] =
+          models[static_cast<std::size_t>(d)]->SavedBytes(c, spec.split_backward);
+    }
+  }
+  cost.activation_bytes = 0;
+  for (std::int64_t bytes : cost.activation_bytes_per_virtual_stage) {
+    cost.activation_bytes = std::max(cost.activation_bytes, bytes);
+  }
+  cost.boundary_bytes = models[0]->BoundaryBytes();
+  const double bandwidth = static_cast<double>(cost.activation_bytes) / 0.25;
+  cost.d2h_bandwidth = cost.h2d_bandwidth = cost.duplex_bandwidth = bandwidth;
+  cost.p2p_bandwidth = static_cast<double>(cost.boundary_bytes) / 0.1;
+  cost.p2p_latency = 0.0;
+  return cost;
+}
+
+struct RunResult {
+  std::vector<std::vector<TensorHash>> hashes;  // [stage]
+  std::vector<std::vector<double>> losses;      // [step], last stage's
+  std::vector<std::int64_t> measured_peak;      // [stage], max over steps
+  std::vector<std::int64_t> predicted_peak;     // [stage]
+  std::vector<std::int64_t> offloaded;          // [stage], bytes in the last step
+};
+
+RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, OffloadPolicy policy) {
+  const GptConfig config = PipelineConfig();
+  const int num_stages = stages;  // p
+  auto data = std::make_shared<const GptData>(GptData::Synthetic());
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<GptCudaStageModel>> models;
+  for (int d = 0; d < num_stages; ++d) {
+    backends.push_back(testing::NewCudaBackend());
+    models.push_back(ValueOrFail(
+        GptCudaStageModel::Create(*backends.back(), config, num_stages, chunks, d, data)));
+  }
+  PipelineSpec spec;
+  spec.family = family;
+  spec.num_stages = num_stages;
+  spec.num_microbatches = config.num_microbatches;
+  spec.chunks_per_stage = chunks;
+  spec.split_backward = split;
+  spec.offload = policy;
+  const Schedule schedule = ValueOrFail(Compile(spec, PipelineCost(models, spec)));
+  std::vector<Backend*> backend_ptrs;
+  std::vector<StageModel*> model_ptrs;
+  for (int d = 0; d < num_stages; ++d) {
+    backend_ptrs.push_back(backends[static_cast<std::size_t>(d)].get());
+    model_ptrs.push_back(models[static_cast<std::size_t>(d)].get());
+  }
+  auto rig = ValueOrFail(OneGpuPipeline::Create(schedule, backend_ptrs, model_ptrs));
+  RunResult result;
+  result.measured_peak.assign(num_stages, 0);
+  result.offloaded.assign(num_stages, 0);
+  for (const StagePrediction& stage : schedule.predictions->stages) {
+    result.predicted_peak.push_back(stage.peak_bytes);
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    for (auto& model : models) PO_MODEL_TEST_OK(model->StartIteration(step));
+    const std::vector<IterationStats> stats = ValueOrFail(rig->RunStep());
+    for (const IterationStats& stage : stats) {
+      auto& peak = result.measured_peak[static_cast<std::size_t>(stage.stage)];
+      peak = std::max(peak, stage.stash_high_water_bytes);
+      result.offloaded[static_cast<std::size_t>(stage.stage)] = stage.offloaded_bytes;
+    }
+    result.losses.push_back(ValueOrFail(models.back()->Losses()));
+    for (auto& model : models) PO_MODEL_TEST_OK(model->OptimizerStep());
+  }
+  for (auto& model : models) result.hashes.push_back(ValueOrFail(model->ParameterHashes()));
+  rig.reset();
+  std::printf("[pipeline] %s p=%d v=%d split=%d %s: losses step0 %.5f step1 %.5f; peaks",
+              std::string(FamilyName(family)).c_str(), stages, chunks, split ? 1 : 0,
+              std::string(OffloadPolicyName(policy)).c_str(), result.losses[0][0],
+              result.losses[1][0]);
+  for (int d = 0; d < num_stages; ++d) {
+    std::printf(" stage %d %lld/%lld (offloaded %lld)", d,
+                static_cast<long long>(result.measured_peak[static_cast<std::size_t>(d)]),
+                static_cast<long long>(result.predicted_peak[static_cast<std::size_t>(d)]),
+                static_cast<long long>(result.offloaded[static_cast<std::size_t>(d)]));
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  return result;
+}
+
+bool SameHashes(const RunResult& a, const RunResult& b) {
+  // Stage by stage the tensors differ between splits, so compare the sorted union.
+  std::vector<std::pair<int, std::uint64_t>> left, right;
+  for (const auto& stage : a.hashes) {
+    for (const TensorHash& h : stage) left.push_back({h.id, h.hash});
+  }
+  for (const auto& stage : b.hashes) {
+    for (const TensorHash& h : stage) right.push_back({h.id, h.hash});
+  }
+  std::sort(left.begin(), left.end());
+  std::sort(right.begin(), right.end());
+  return left == right;
+}
+
+void CheckPeaksMatchPredictions(const RunResult& run) {
+  REQUIRE(run.measured_peak.size() == run.predicted_peak.size());
+  for (std::size_t d = 0; d < run.measured_peak.size(); ++d) {
+    INFO("stage " << d);
+    CHECK(run.measured_peak[d] == run.predicted_peak[d]);
+  }
+}
+
+TEST_CASE("po-f offload on one GPU: parameters bitwise equal to no offload, peaks as predicted",
+          "[gpt_cuda][gpt_cuda_pipeline]") {
+  // p = 4, m = 4: po-f plans stage 0 down from 4 resident entries to 2.
+  const RunResult plain = TrainOnOneGpu(4, Family::k1F1B, 1, false, OffloadPolicy::kNone);
+  const RunResult offload = TrainOnOneGpu(4, Family::k1F1B, 1, false, OffloadPolicy::kFull);
+  CheckPeaksMatchPredictions(plain);
+  CheckPeaksMatchPredictions(offload);
+  // po-f moved bytes and lowered stage 0's peak: the comparison below is not vacuous.
+  CHECK(offload.offloaded[0] > 0);
+  CHECK(offload.measured_peak[0] < plain.measured_peak[0]);
+  CHECK(plain.offloaded[0] == 0);
+  for (const auto& step : plain.losses) {
+    for (double loss : step) CHECK(std::isfinite(loss));
+  }
+  CHECK(offload.losses == plain.losses);  // bitwise: doubles summed from the same floats
+  CHECK(SameHashes(offload, plain));
+  REQUIRE(offload.hashes.size() == plain.hashes.size());
+  for (std::size_t d = 0; d < plain.hashes.size(); ++d) {
+    REQUIRE(offload.hashes[d].size() == plain.hashes[d].size());
+    for (std::size_t t = 0; t < plain.hashes[d].size(); ++t) {
+      INFO("stage " << d << " tensor " << plain.hashes[d][t].id);
+      CHECK(offload.hashes[d][t].hash == plain.hashes[d][t].hash);
+    }
+  }
+}
+
+TEST_CASE("interleaved + split backward + po-f on one GPU ends with 1F1B's bits",
+          "[gpt_cuda][gpt_cuda_pipeline]") {
+  // Both split the 4 layers into 4 virtual stages of one layer: p = 4, v = 1 and p = 2, v = 2.
+  const RunResult plain = TrainOnOneGpu(4, Family::k1F1B, 1, false, OffloadPolicy::kNone);
+  const RunResult split = TrainOnOneGpu(2, Family::kInterleaved, 2, true, OffloadPolicy::kFull);
+  CheckPeaksMatchPredictions(split);
+  CHECK(split.offloaded[0] > 0);
+  CHECK(split.losses == plain.losses);
+  CHECK(SameHashes(split, plain));
+}
+
+TEST_CASE("The benchmark's layer stack runs under the executor, with and without offload",
+          "[gpt_cuda][gpt_cuda_stack]") {
+  LayerStackShape shape;
+  shape.hidden = 256;
+  shape.heads = 4;
+  shape.seq = 128;
+  shape.layers_per_chunk = 2;
+  for (const OffloadPolicy policy : {OffloadPolicy::kNone, OffloadPolicy::kFull}) {
+    constexpr int p = 4;
+    std::vector<std::unique_ptr<Backend>> backends;
+    std::vector<std::unique_ptr<StageModel>> models;
+    for (int d = 0; d < p; ++d) {
+      backends.push_back(testing::NewCudaBackend());
+      models.push_back(ValueOrFail(CreateCudaGptLayerStack(*backends.back(), shape)));
+      CHECK(models.back()->SavedBytes(0, false) == shape.SavedBytes());
+      CHECK(models.back()->BoundaryBytes() == shape.BoundaryBytes());
+    }
+    PipelineSpec spec;
+    spec.num_stages = p;
+    spec.num_microbatches = 2 * p;
+    spec.offload = policy;
+    const Schedule schedule = ValueOrFail(Compile(spec, PipelineCost(models, spec)));
+    std::vector<Backend*> backend_ptrs;
+    std::vector<StageModel*> model_ptrs;
+    for (int d = 0; d < p; ++d) {
+      backend_ptrs.push_back(backends[static_cast<std::size_t>(d)].get());
+      model_ptrs.push_back(models[static_cast<std::size_t>(d)].get());
+    }
+    auto rig = ValueOrFail(OneGpuPipeline::Create(schedule, backend_ptrs, model_ptrs));
+    for (int step = 0; step < 2; ++step) {
+      const std::vector<IterationStats> stats = ValueOrFail(rig->RunStep());
+      for (const IterationStats& stage : stats) {
+        INFO(OffloadPolicyName(policy) << " step " << step << " stage " << stage.stage);
+        CHECK(stage.stash_high_water_bytes ==
+              schedule.predictions->stages[static_cast<std::size_t>(stage.stage)].peak_bytes);
+      }
+      if (policy == OffloadPolicy::kFull) CHECK(stats[0].offloaded_bytes > 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipeoffload::gpt::cuda
