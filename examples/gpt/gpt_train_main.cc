@@ -1,8 +1,11 @@
 // gpt_train: trains the example GPT as a pipeline under a compiled schedule (one MPI rank per
 // stage, or every stage a thread with --transport local), or single-process without mpirun.
+// --backend cuda runs the CUDA GPT through the same driver (built with PO_GPT_TRAIN_WITH_CUDA:
+// stages as threads on one GPU, or one MPI rank per GPU over NCCL).
 // `gpt_train --help` lists every flag. Exit codes: 0 done; 1 the run failed (the reason is
 // printed by every rank); 2 bad flags; 3 a stage's measured stash peak differed from the
 // compiler's prediction (a bug, reported after the checksum).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -17,7 +20,11 @@
 #include "examples/gpt/train_options.h"
 #include "examples/gpt/train_pipeline.h"
 #include "examples/gpt/train_plan.h"
+#include "examples/gpt/train_stage.h"
 #include "pipeoffload/transport.h"
+#ifdef PO_GPT_TRAIN_WITH_CUDA
+#include "examples/gpt/train_cuda/train_stage_cuda.h"
+#endif
 
 namespace {
 
@@ -63,6 +70,18 @@ int ExitTogether(std::unique_ptr<TrainGroup> group, int code) {
   return code;
 }
 
+constexpr const char* kBuiltWithoutCuda =
+    "--backend cuda: this gpt_train was built without CUDA (configure with -DPO_WITH_CUDA=ON "
+    "where nvcc is found); use --backend cpu";
+
+#ifdef PO_GPT_TRAIN_WITH_CUDA
+// CPU threads for each optimizer-offload engine when `ranks_per_host` stages share the host.
+int EngineThreads(int ranks_per_host) {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  return cpus <= 0 ? 0 : std::max(1, cpus / std::max(1, ranks_per_host));
+}
+#endif
+
 int RunLocal(const TrainOptions& options, const std::shared_ptr<const GptData>& data) {
   int stages = options.stages_given ? options.stages : 4;
   if (!options.stages_given && !options.schedule_file.empty()) {
@@ -72,7 +91,29 @@ int RunLocal(const TrainOptions& options, const std::shared_ptr<const GptData>& 
   }
   auto groups = CreateLocalTrainGroups(stages, CollectiveTimeout(options));
   if (!groups.ok()) return Fail("", std::string(groups.status().message()), kExitFailed);
-  auto transports = pipeoffload::CreateLocalTransports(stages);
+#ifdef PO_GPT_TRAIN_WITH_CUDA
+  // Outlives the transports (their receive copiers use its backends) and the stages.
+  CudaLocalRig rig;
+#endif
+  absl::StatusOr<std::vector<std::unique_ptr<pipeoffload::Transport>>> transports;
+  TrainStageFactory factory = CreateCpuTrainStage;
+  if (options.backend == TrainBackend::kCuda) {
+#ifdef PO_GPT_TRAIN_WITH_CUDA
+    absl::StatusOr<CudaLocalRig> created = CreateCudaLocalRig(stages, options.watchdog_seconds);
+    if (!created.ok()) return Fail("", std::string(created.status().message()), kExitFailed);
+    rig = *std::move(created);
+    transports = std::move(rig.transports);
+    const int threads = EngineThreads(stages);
+    factory = [&rig, threads](const TrainOptions& o, const TrainStageSpec& spec) {
+      return CreateCudaTrainStage(o, spec, *rig.backends[static_cast<std::size_t>(spec.stage)],
+                                  threads);
+    };
+#else
+    return Fail("", kBuiltWithoutCuda, kExitFailed);
+#endif
+  } else {
+    transports = pipeoffload::CreateLocalTransports(stages);
+  }
   if (!transports.ok()) return Fail("", std::string(transports.status().message()), kExitFailed);
   std::vector<absl::StatusOr<TrainResult>> results(static_cast<std::size_t>(stages),
                                                    absl::UnknownError("not run"));
@@ -80,7 +121,8 @@ int RunLocal(const TrainOptions& options, const std::shared_ptr<const GptData>& 
   for (int r = 0; r < stages; ++r) {
     threads.emplace_back([&, r] {
       const auto i = static_cast<std::size_t>(r);
-      results[i] = RunPipelineRank(options, data, *(*groups)[i], *(*transports)[i], stdout);
+      results[i] =
+          RunPipelineRank(options, data, *(*groups)[i], *(*transports)[i], stdout, factory);
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -103,14 +145,38 @@ int RunMpi(const TrainOptions& options, const std::shared_ptr<const GptData>& da
                 kExitFailed);
   }
   const std::string who = absl::StrCat("rank ", (*group)->rank(), "/", (*group)->size());
-  absl::StatusOr<std::unique_ptr<pipeoffload::Transport>> transport =
-      CreateMpiStageTransport(/*max_chunks=*/64);  // the largest --chunks
+  absl::StatusOr<std::unique_ptr<pipeoffload::Transport>> transport;
+  std::unique_ptr<pipeoffload::Backend> backend;  // --backend cuda: this rank's GPU
+  TrainStageFactory factory = CreateCpuTrainStage;
+  if (options.backend == TrainBackend::kCuda) {
+#ifdef PO_GPT_TRAIN_WITH_CUDA
+    // Every rank checks its GPU and they agree first, so a bad launch fails on all at once.
+    absl::StatusOr<CudaMpiRank> rank = CreateCudaMpiRank(**group, options);
+    if (!rank.ok()) {
+      return ExitTogether(*std::move(group),
+                          Fail(who, std::string(rank.status().message()), kExitFailed));
+    }
+    transport = std::move(rank->transport);
+    backend = std::move(rank->backend);
+    const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int threads = EngineThreads(local_size != nullptr ? std::atoi(local_size) : 1);
+    factory = [&backend, threads](const TrainOptions& o, const TrainStageSpec& spec) {
+      return CreateCudaTrainStage(o, spec, *backend, threads);
+    };
+#else
+    return ExitTogether(*std::move(group), Fail(who, kBuiltWithoutCuda, kExitFailed));
+#endif
+  } else {
+    transport = CreateMpiStageTransport(/*max_chunks=*/64);  // the largest --chunks
+  }
   if (!transport.ok()) {
     Fail(who, std::string(transport.status().message()), kExitFailed);
     (*group)->Abort(kExitFailed);
     return kExitFailed;  // not reached
   }
-  absl::StatusOr<TrainResult> result = RunPipelineRank(options, data, **group, **transport, stdout);
+  absl::StatusOr<TrainResult> result =
+      RunPipelineRank(options, data, **group, **transport, stdout, factory);
+  backend.reset();     // after the stage (gone with RunPipelineRank)
   transport->reset();  // before the group, which finalizes MPI
   if (!result.ok()) {
     return ExitTogether(*std::move(group),
@@ -135,9 +201,18 @@ int main(int argc, char** argv) {
     if (launcher_rank.empty() || launcher_rank == "0") std::fputs(TrainHelpText().c_str(), stdout);
     return 0;
   }
+#ifndef PO_GPT_TRAIN_WITH_CUDA
+  if (options.backend == TrainBackend::kCuda) {
+    return ExitTogether(nullptr, Fail(who, kBuiltWithoutCuda, kExitFailed));
+  }
+#endif
   TrainTransport transport = options.transport;
   if (transport == TrainTransport::kAuto) {
-    transport = LaunchedByMpi() ? TrainTransport::kMpi : TrainTransport::kReference;
+    // The CUDA GPT has no single-process reference: without mpirun it runs on one GPU.
+    const TrainTransport alone = options.backend == TrainBackend::kCuda
+                                     ? TrainTransport::kLocal
+                                     : TrainTransport::kReference;
+    transport = LaunchedByMpi() ? TrainTransport::kMpi : alone;
   }
   std::shared_ptr<const GptData> data;
   if (options.data_path.empty()) {

@@ -111,8 +111,9 @@ const std::vector<FlagDef>& Flags() {
       // --- how the job runs ---
       {"transport", "NAME",
        "auto | mpi | local | reference. auto (default): mpi when started by mpirun, else the "
-       "single-process reference. local: every stage a thread of this process. reference: "
-       "no pipeline (ReferenceTrainer: F then B per microbatch, then AdamW).",
+       "single-process reference (local with --backend cuda). local: every stage a thread of "
+       "this process. reference: no pipeline (ReferenceTrainer: F then B per microbatch, then "
+       "AdamW).",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          static constexpr std::pair<std::string_view, TrainTransport> kNames[] = {
              {"auto", TrainTransport::kAuto},
@@ -127,6 +128,22 @@ const std::vector<FlagDef>& Flags() {
          }
          return BadValue("transport", "auto, mpi, local or reference", v);
        }},
+      {"backend", "NAME",
+       "cpu | cuda. cpu (default): the fp32 GPT on the CPU. cuda: the bf16 GPT on the GPU "
+       "(cuBLASLt, own kernels); with --transport local every stage is a thread on ONE GPU, "
+       "under mpirun (--transport mpi) one rank per GPU with NCCL between them; without "
+       "mpirun, auto means local. Untied embeddings only, head size 64 or 128, C a multiple "
+       "of 64, V a multiple of 8. Prints model TFLOP/s per step.",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         if (v == "cpu") {
+           o.backend = TrainBackend::kCpu;
+         } else if (v == "cuda") {
+           o.backend = TrainBackend::kCuda;
+         } else {
+           return BadValue("backend", "cpu or cuda", v);
+         }
+         return absl::OkStatus();
+       }},
       {"steps", "N", "training steps (default 500).", IntFlag(&TrainOptions::steps, "steps", 0)},
       {"seed", "S", "seed of the parameter init and the microbatch sampling (default 1234).",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
@@ -140,13 +157,15 @@ const std::vector<FlagDef>& Flags() {
       // --- the pipeline ---
       {"schedule", "NAME",
        "1f1b | interleaved | group-interleaved (no offload), or po-h | po-f | selective "
-       "(activation offload on top of --family). Default: group-interleaved when --chunks > 1, "
-       "else 1f1b.",
+       "(activation offload on top of --family), or auto (the fastest predicted plan, family "
+       "and offload share, whose stash peak fits --memory-budget). Default: group-interleaved "
+       "when --chunks > 1, else 1f1b.",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
-         const bool policy = v == "po-h" || v == "po-f" || v == "selective";
+         const bool policy = v == "po-h" || v == "po-f" || v == "selective" || v == "auto";
          if (!FamilyFromName(v) && !policy) {
            return BadValue("schedule",
-                           "1f1b, interleaved, group-interleaved, po-h, po-f or selective", v);
+                           "1f1b, interleaved, group-interleaved, po-h, po-f, selective or auto",
+                           v);
          }
          o.schedule = v;
          return absl::OkStatus();
@@ -202,6 +221,23 @@ const std::vector<FlagDef>& Flags() {
        }},
       {"offload-chunks", "N", "selective: offload chunks 0..N-1 of every stage.",
        IntFlag(&TrainOptions::offload_chunks, "offload-chunks", 0)},
+      {"memory-budget", "BYTES",
+       "--schedule auto: each stage's activation (stash) budget, in bytes (suffixes K, M, G, "
+       "Ki, Mi, Gi) or as a percentage of the largest stage's stash peak without offload "
+       "(e.g. 50%).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         if (!v.empty() && v.back() == '%') {
+           PO_ASSIGN_OR_RETURN(const double percent,
+                               ParseDouble("memory-budget", v.substr(0, v.size() - 1), 0.0, 1e6));
+           if (percent <= 0) return BadValue("memory-budget", "a positive percentage", v);
+           o.memory_budget_share = percent / 100.0;
+           o.memory_budget_bytes = 0;
+           return absl::OkStatus();
+         }
+         PO_ASSIGN_OR_RETURN(o.memory_budget_bytes, ParseBytes("memory-budget", v));
+         o.memory_budget_share = 0.0;
+         return absl::OkStatus();
+       }},
       {"schedule-file", "FILE",
        "run the schedule in FILE (pipeoffload.schedule/1 JSON, e.g. from po-schedule --format "
        "json) instead of compiling one; p, v, m and split backward come from the file.",
@@ -210,8 +246,14 @@ const std::vector<FlagDef>& Flags() {
       {"layers", "N", "transformer blocks (default 8).",
        ConfigInt(&GptConfig::n_layer, "layers", 1)},
       {"embd", "C", "channels (default 64).", ConfigInt(&GptConfig::n_embd, "embd", 1)},
-      {"heads", "H", "attention heads, dividing C (default 4).",
-       ConfigInt(&GptConfig::n_head, "heads", 1)},
+      {"heads", "H",
+       "attention heads, dividing C (default 4; with --backend cuda C/64, head size 64).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::int64_t x, ParseInt("heads", v, 1, kIntMax));
+         o.config.n_head = static_cast<int>(x);
+         o.heads_given = true;
+         return absl::OkStatus();
+       }},
       {"seq", "T", "tokens per sequence (default 32).", ConfigInt(&GptConfig::seq_len, "seq", 1)},
       {"batch", "B", "sequences per microbatch (default 4).",
        ConfigInt(&GptConfig::batch_size, "batch", 1)},
@@ -223,7 +265,9 @@ const std::vector<FlagDef>& Flags() {
          o.config.tied_embeddings = true;
          return absl::OkStatus();
        }},
-      {"lr", "X", "AdamW learning rate (default 0.003).",
+      {"lr", "X",
+       "AdamW learning rate (default 0.003, for the small default model; use about 3e-4 at "
+       "--embd 1024 and wider).",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          PO_ASSIGN_OR_RETURN(const double x, ParseDouble("lr", v, 0.0, 10.0));
          o.config.optimizer.learning_rate = static_cast<float>(x);
@@ -233,6 +277,46 @@ const std::vector<FlagDef>& Flags() {
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          PO_ASSIGN_OR_RETURN(const double x, ParseDouble("weight-decay", v, 0.0, 10.0));
          o.config.optimizer.weight_decay = static_cast<float>(x);
+         return absl::OkStatus();
+       }},
+      // --- optimizer-state offload (cuda) ---
+      {"optimizer-offload", "MODE",
+       "none | cpu | interleaved | static, with --backend cuda. none (default): AdamW on the "
+       "GPU. Otherwise each stage hands its fp32 master, m and v to an optimizer-offload "
+       "engine (pinned host memory) per chunk: cpu updates every subgroup on the CPU; "
+       "interleaved pulls a share (--gpu-share) of the subgroups to the GPU each step and "
+       "updates them there while the CPU does the rest; static keeps that share on the GPU "
+       "for good. Gradients cross to the engine in bf16 (rounded once per step from the fp32 "
+       "accumulators), and weight decay is not supported then.",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         static constexpr std::pair<std::string_view, TrainOptimizerOffload> kNames[] = {
+             {"none", TrainOptimizerOffload::kNone},
+             {"cpu", TrainOptimizerOffload::kCpu},
+             {"interleaved", TrainOptimizerOffload::kInterleaved},
+             {"static", TrainOptimizerOffload::kStatic}};
+         for (const auto& [name, value] : kNames) {
+           if (v == name) {
+             o.optimizer_offload = value;
+             return absl::OkStatus();
+           }
+         }
+         return BadValue("optimizer-offload", "none, cpu, interleaved or static", v);
+       }},
+      {"gpu-share", "R",
+       "interleaved: the share of subgroups updated on the GPU each step; static: the share "
+       "whose state lives on the GPU. 0..1 (default 0.5).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(o.gpu_share, ParseDouble("gpu-share", v, 0.0, 1.0));
+         o.gpu_share_given = true;
+         return absl::OkStatus();
+       }},
+      {"optimizer-subgroup", "N",
+       "parameters per optimizer-offload subgroup (default 16777216; the last subgroup of "
+       "each chunk holds the rest).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(o.optimizer_subgroup,
+                             ParseInt("optimizer-subgroup", v, 1, std::int64_t{1} << 40));
+         o.subgroup_given = true;
          return absl::OkStatus();
        }},
       // --- the runtime ---
@@ -293,6 +377,45 @@ absl::Status CheckCombination(const TrainOptions& o) {
         "--schedule-file runs the schedule in the file; drop --schedule, --family and "
         "--group-size");
   }
+  const bool budget = o.memory_budget_bytes > 0 || o.memory_budget_share > 0;
+  if (o.schedule == "auto" && !budget) {
+    return absl::InvalidArgumentError(
+        "--schedule auto needs --memory-budget BYTES or P% (each stage's activation budget)");
+  }
+  if (o.schedule != "auto" && budget) {
+    return absl::InvalidArgumentError("--memory-budget applies to --schedule auto only");
+  }
+  const bool cuda = o.backend == TrainBackend::kCuda;
+  const bool offload = o.optimizer_offload != TrainOptimizerOffload::kNone;
+  if (offload && !cuda) {
+    return absl::InvalidArgumentError(
+        "--optimizer-offload needs --backend cuda (the CPU trainer's optimizer state is in "
+        "host memory already)");
+  }
+  if (o.gpu_share_given && o.optimizer_offload != TrainOptimizerOffload::kInterleaved &&
+      o.optimizer_offload != TrainOptimizerOffload::kStatic) {
+    return absl::InvalidArgumentError(
+        "--gpu-share applies to --optimizer-offload interleaved or static only");
+  }
+  if (o.subgroup_given && !offload) {
+    return absl::InvalidArgumentError(
+        "--optimizer-subgroup applies with --optimizer-offload cpu, interleaved or static only");
+  }
+  if (cuda && o.config.tied_embeddings) {
+    return absl::InvalidArgumentError(
+        "--tied is not supported with --backend cuda (the CUDA GPT has untied embeddings only; "
+        "its stage model refuses tied ones as Unimplemented)");
+  }
+  if (cuda && o.transport == TrainTransport::kReference) {
+    return absl::InvalidArgumentError(
+        "--transport reference is the CPU reference trainer; with --backend cuda use "
+        "--transport local or mpi");
+  }
+  if (offload && o.config.optimizer.weight_decay != 0.0f) {
+    return absl::InvalidArgumentError(
+        "--weight-decay is not supported with --optimizer-offload (the engine would decay every "
+        "parameter; the GPT decays its matrices only)");
+  }
   return absl::OkStatus();
 }
 
@@ -340,6 +463,10 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   }
   if (options.help) return options;
   PO_RETURN_IF_ERROR(CheckCombination(options));
+  if (options.backend == TrainBackend::kCuda && !options.heads_given) {
+    // The CUDA attention takes head sizes 64 and 128 only.
+    options.config.n_head = std::max(1, options.config.n_embd / 64);
+  }
   return options;
 }
 
@@ -348,11 +475,12 @@ std::string TrainHelpText() {
       "usage: gpt_train [flags]\n"
       "       mpirun -np P gpt_train [flags]\n"
       "\n"
-      "Trains the example GPT (fp32, CPU) as a pipeline of P stages under a compiled schedule,\n"
-      "with activation offload when the schedule asks for it, and prints the loss per step,\n"
-      "each stage's measured stash peak next to the compiler's prediction, and a checksum of\n"
-      "all parameters that is bitwise equal for every schedule and for the single-process\n"
-      "reference (plain `gpt_train`, no mpirun).\n"
+      "Trains the example GPT (fp32 on the CPU; bf16 on GPUs with --backend cuda) as a\n"
+      "pipeline of P stages under a compiled schedule, with activation offload when the\n"
+      "schedule asks for it, and prints the loss per step, each stage's measured stash peak\n"
+      "next to the compiler's prediction, and a checksum of all parameters. On the CPU the\n"
+      "checksum is bitwise equal for every schedule and for the single-process reference\n"
+      "(plain `gpt_train`, no mpirun); on the GPU, for every schedule and offload policy.\n"
       "\nflags:\n";
   constexpr std::size_t kHelpColumn = 27;  // where each flag's text starts
   constexpr std::size_t kWidth = 100;      // wrap the text at this column
@@ -381,8 +509,29 @@ std::string TrainHelpText() {
                   "  mpirun -np 4 gpt_train --schedule po-f        # 4 ranks, full offload\n"
                   "  gpt_train --transport local --stages 4 --schedule 1f1b\n"
                   "  gpt_train                                     # single-process reference\n"
-                  "  mpirun -np 4 gpt_train --schedule-file plan.json --trace run.json\n");
+                  "  mpirun -np 4 gpt_train --schedule-file plan.json --trace run.json\n"
+                  "  gpt_train --backend cuda --transport local --stages 4 --embd 1024 --seq 512 \\\n"
+                  "            --schedule po-f --optimizer-offload interleaved --gpu-share 0.3\n"
+                  "  mpirun -np 8 gpt_train --backend cuda --schedule po-f  # 8 GPUs, NCCL\n");
   return text;
+}
+
+std::string TrainBackendName(TrainBackend backend) {
+  return backend == TrainBackend::kCuda ? "cuda" : "cpu";
+}
+
+std::string TrainOptimizerOffloadName(TrainOptimizerOffload offload) {
+  switch (offload) {
+    case TrainOptimizerOffload::kNone:
+      return "none";
+    case TrainOptimizerOffload::kCpu:
+      return "cpu";
+    case TrainOptimizerOffload::kInterleaved:
+      return "interleaved";
+    case TrainOptimizerOffload::kStatic:
+      return "static";
+  }
+  return "?";
 }
 
 std::string TrainTransportName(TrainTransport transport) {
@@ -421,6 +570,7 @@ absl::StatusOr<PipelineSpec> TrainSpec(const TrainOptions& options, int num_stag
   spec.split_backward = options.split_backward;
   spec.offload_fraction = options.offload_fraction;
   spec.offload_chunks = options.offload_chunks;
+  spec.memory_budget_bytes = options.memory_budget_bytes;  // a share is resolved by PlanSchedule
   absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
   if (!resolved.ok()) {
     return Annotate(resolved.status(),

@@ -22,6 +22,20 @@ enum class TrainTransport : std::uint8_t {
   kReference,  // "reference": no pipeline, ReferenceTrainer (F then B per microbatch)
 };
 
+// What each stage computes on (--backend).
+enum class TrainBackend : std::uint8_t {
+  kCpu,   // "cpu": the fp32 GPT (GptStageModel) on the CPU backend
+  kCuda,  // "cuda": the bf16 GPT (GptCudaStageModel) on a CUDA backend
+};
+
+// Where the CUDA GPT keeps its optimizer state (--optimizer-offload).
+enum class TrainOptimizerOffload : std::uint8_t {
+  kNone,         // "none": fp32 master, m and v on the GPU, GPU AdamW
+  kCpu,          // "cpu": all state in pinned host memory, CPU Adam (ZeRO-Offload style)
+  kInterleaved,  // "interleaved": host state; a share of subgroups updated on the GPU each step
+  kStatic,       // "static": a share of subgroups keeps its state on the GPU for good
+};
+
 struct TrainOptions {
   GptConfig config;          // model shape, m (--microbatches), seed, tied head, AdamW
   std::int64_t steps = 500;  // about a minute on 2 cores with 4 ranks
@@ -38,6 +52,10 @@ struct TrainOptions {
   double offload_fraction = 0.0;
   int offload_chunks = 0;
   std::string schedule_file;  // run this schedule (JSON) instead of compiling one
+  // --schedule auto: the per-stage activation budget, in bytes, or (memory_budget_share > 0)
+  // as a share of the largest stage's stash peak without offload ("50%").
+  std::int64_t memory_budget_bytes = 0;
+  double memory_budget_share = 0.0;
 
   // The runtime.
   std::int64_t arena_bytes = 0;    // per-stage device arena budget; 0 = fitted to the plan
@@ -45,11 +63,20 @@ struct TrainOptions {
   bool poison = false;             // fill released arena memory with NaN (catches misuse)
   std::string trace_path;          // measured Perfetto trace of the last step
 
+  // The device (--backend) and, with cuda, the optimizer state's home.
+  TrainBackend backend = TrainBackend::kCpu;
+  TrainOptimizerOffload optimizer_offload = TrainOptimizerOffload::kNone;
+  double gpu_share = 0.5;                                   // interleaved / static: GPU share
+  std::int64_t optimizer_subgroup = std::int64_t{1} << 24;  // parameters per subgroup
+
   // Flags given explicitly, to tell a default from a request that conflicts with a file.
   bool stages_given = false;
   bool chunks_given = false;
   bool microbatches_given = false;
   bool split_given = false;
+  bool heads_given = false;
+  bool gpu_share_given = false;
+  bool subgroup_given = false;
 
   bool help = false;  // --help: print TrainHelpText() and exit 0
 };
@@ -63,6 +90,10 @@ std::string TrainHelpText();
 
 // "auto", "mpi", "local", "reference".
 std::string TrainTransportName(TrainTransport transport);
+// "cpu", "cuda".
+std::string TrainBackendName(TrainBackend backend);
+// "none", "cpu", "interleaved", "static".
+std::string TrainOptimizerOffloadName(TrainOptimizerOffload offload);
 
 // The spec the flags ask for on `num_stages` stages (family, v, g, split, offload policy;
 // m from config.num_microbatches). Checked by ResolveSpec (the compiler's own messages, e.g.

@@ -23,7 +23,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "examples/gpt/gpt_stage_model.h"
 #include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_report.h"
 #include "examples/gpt/train_wire.h"
@@ -108,17 +107,18 @@ absl::StatusOr<std::vector<std::string>> GatherChecked(TrainGroup& group, const 
 struct Stage {
   PipelineSpec spec;
   GptConfig config;
-  std::unique_ptr<GptStageModel> model;
-  std::optional<Schedule> loaded;  // --schedule-file
+  std::unique_ptr<TrainStage> train;  // the model and its backend
+  StageModel* model = nullptr;        // train->model()
+  std::optional<Schedule> loaded;     // --schedule-file
   Schedule schedule;
-  std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceArena> arena;
   std::unique_ptr<Executor> executor;
 };
 
 // Phase 1, local: the job's spec, this stage's model, the trace file's writability.
 absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptData> data,
-                        const TrainGroup& group, const std::string& transport_name, Stage& stage) {
+                        const TrainGroup& group, const std::string& transport_name,
+                        const TrainStageFactory& factory, Stage& stage) {
   std::optional<Schedule> loaded;
   if (!options.schedule_file.empty()) {
     PO_ASSIGN_OR_RETURN(loaded, LoadScheduleFile(options.schedule_file));
@@ -127,9 +127,14 @@ absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptDa
   stage.loaded = std::move(loaded);
   stage.config = options.config;
   stage.config.num_microbatches = stage.spec.num_microbatches;
-  PO_ASSIGN_OR_RETURN(stage.model, GptStageModel::Create(stage.config, stage.spec.num_stages,
-                                                         stage.spec.chunks_per_stage, group.rank(),
-                                                         std::move(data)));
+  TrainStageSpec stage_spec;
+  stage_spec.config = stage.config;
+  stage_spec.num_stages = stage.spec.num_stages;
+  stage_spec.chunks_per_stage = stage.spec.chunks_per_stage;
+  stage_spec.stage = group.rank();
+  stage_spec.data = std::move(data);
+  PO_ASSIGN_OR_RETURN(stage.train, factory(options, stage_spec));
+  stage.model = &stage.train->model();
   if (group.rank() == 0 && !options.trace_path.empty()) {
     std::FILE* trace = std::fopen(options.trace_path.c_str(), "w");
     if (trace == nullptr) {
@@ -141,33 +146,42 @@ absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptDa
   return absl::OkStatus();
 }
 
+// The largest stash entry of this stage's chunks.
+std::int64_t LargestEntryBytes(const StageModel& model, const PipelineSpec& spec) {
+  std::int64_t largest = 0;
+  for (int c = 0; c < spec.chunks_per_stage; ++c) {
+    largest = std::max(largest, model.SavedBytes(c, spec.split_backward));
+  }
+  return largest;
+}
+
 // Phase 2, after the stash sizes are known everywhere: schedule, backend, arena, executor.
 absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::int64_t>& saved,
                           TrainGroup& group, Transport& transport, Stage& stage) {
   const CostModel cost =
       TrainCostModel(saved, stage.model->BoundaryBytes(),
                      ChunkComputeUnits(stage.config.n_layer, stage.spec.num_virtual_stages()));
-  PO_ASSIGN_OR_RETURN(stage.schedule, PlanSchedule(stage.spec, stage.loaded, cost));
+  PO_ASSIGN_OR_RETURN(stage.schedule,
+                      PlanSchedule(stage.spec, stage.loaded, cost, options.memory_budget_share));
   stage.spec = stage.schedule.spec;  // resolved (group size filled in)
   const int rank = group.rank();
   const StageProgram& program = stage.schedule.stages[static_cast<std::size_t>(rank)];
   const StagePrediction& prediction =
       stage.schedule.predictions->stages[static_cast<std::size_t>(rank)];
-  CpuBackendOptions backend_options;
-  backend_options.queue_wait_timeout_seconds = options.watchdog_seconds;
-  PO_ASSIGN_OR_RETURN(stage.backend, CreateCpuBackend(backend_options));
   DeviceArenaOptions arena_options;
   arena_options.alignment = kArenaAlignment;
   arena_options.poison_on_free = options.poison || kPoisonByDefault;
   arena_options.budget_bytes =
       options.arena_bytes > 0
           ? options.arena_bytes
-          : DefaultArenaBytes(program, prediction, stage.model->BoundaryBytes(), kArenaAlignment);
-  PO_ASSIGN_OR_RETURN(stage.arena, DeviceArena::Create(*stage.backend, arena_options));
+          : DefaultArenaBytes(program, prediction, stage.model->BoundaryBytes(), kArenaAlignment,
+                              LargestEntryBytes(*stage.model, stage.spec));
+  PO_ASSIGN_OR_RETURN(stage.arena, DeviceArena::Create(stage.train->backend(), arena_options));
   ExecutorOptions executor_options;
   executor_options.wait_timeout_seconds = options.watchdog_seconds;
-  absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(
-      stage.spec, program, *stage.model, *stage.backend, *stage.arena, transport, executor_options);
+  absl::StatusOr<std::unique_ptr<Executor>> executor =
+      Executor::Create(stage.spec, program, *stage.model, stage.train->backend(), *stage.arena,
+                       transport, executor_options);
   if (!executor.ok()) {
     if (executor.status().code() == absl::StatusCode::kResourceExhausted) {
       return Annotate(executor.status(),
@@ -178,29 +192,6 @@ absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::in
   }
   stage.executor = *std::move(executor);
   return absl::OkStatus();
-}
-
-std::int64_t ModelStateBytes(const GptStageModel& model) {
-  std::int64_t floats = 0;
-  for (int c = 0; c < model.chunks_per_stage(); ++c) floats += model.chunk(c).params().numel();
-  return floats * 4 /* params, grads, 2 AdamW moments */ * std::int64_t{sizeof(float)};
-}
-
-// The tied embedding's gradient between stages 0 and p-1 (GptStageModel protocol step 3).
-absl::Status ExchangeTiedGrad(TrainGroup& group, GptStageModel& model) {
-  if (!model.NeedsTiedGradExchange()) return absl::OkStatus();
-  const int peer = group.rank() == 0 ? group.size() - 1 : 0;
-  const std::int64_t n = model.TiedGradElements();
-  const std::string mine(reinterpret_cast<const char*>(model.TiedGradPart()),
-                         static_cast<std::size_t>(n) * sizeof(float));
-  PO_ASSIGN_OR_RETURN(const std::string theirs, group.Exchange(peer, mine));
-  if (theirs.size() != mine.size()) {
-    return absl::DataLossError(absl::StrCat("tied gradient from rank ", peer, " has ",
-                                            theirs.size(), " bytes, expected ", mine.size()));
-  }
-  std::vector<float> part(static_cast<std::size_t>(n));
-  std::memcpy(part.data(), theirs.data(), theirs.size());
-  return model.SetPeerTiedGradPart(part.data(), n);
 }
 
 // Folds one step's stats of a stage into its summary. Times: the first step pays for cold
@@ -225,6 +216,13 @@ void Accumulate(const IterationStats& stats, std::int64_t step, std::int64_t ste
 absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
                                             std::shared_ptr<const GptData> data, TrainGroup& group,
                                             Transport& transport, std::FILE* out) {
+  return RunPipelineRank(options, std::move(data), group, transport, out, CreateCpuTrainStage);
+}
+
+absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
+                                            std::shared_ptr<const GptData> data, TrainGroup& group,
+                                            Transport& transport, std::FILE* out,
+                                            const TrainStageFactory& factory) {
   const int rank = group.rank();
   const int num_ranks = group.size();
   if (transport.size() != num_ranks || transport.rank() != rank) {
@@ -237,7 +235,8 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   Stage stage;
 
   // Phase 1: spec and model; then every stage's stash entry sizes.
-  absl::Status status = SetUpModel(options, std::move(data), group, transport.Name(), stage);
+  absl::Status status =
+      SetUpModel(options, std::move(data), group, transport.Name(), factory, stage);
   std::vector<std::int64_t> my_saved;
   if (status.ok()) {
     for (int c = 0; c < stage.spec.chunks_per_stage; ++c) {
@@ -300,18 +299,25 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     std::fflush(print);
   }
 
-  // The steps.
+  // The steps. Model TFLOP/s per GPU on cuda: with the local transport every stage shares one.
   const bool trace = !options.trace_path.empty();
+  double flops_per_gpu = 0.0;
+  if (options.backend == TrainBackend::kCuda) {
+    flops_per_gpu = ModelFlopsPerStep(stage.config) / (transport.Name() == "local" ? 1 : p);
+  }
+  double optimizer_seconds = 0.0;  // this rank's mean OptimizerStep time after the first step
   std::vector<IterationStats> last_stats;
   for (std::int64_t step = 0; step < options.steps; ++step) {
     const double start = Now();
-    stage.model->StartIteration(step);
     StepReport report;
-    absl::StatusOr<IterationStats> stats = stage.executor->Run();
+    const absl::Status started = stage.train->StartIteration(step);
+    absl::StatusOr<IterationStats> stats =
+        started.ok() ? stage.executor->Run() : absl::StatusOr<IterationStats>(started);
     if (stats.ok()) {
       report.stats = *std::move(stats);
+      report.status = stage.train->FinishIteration(options.watchdog_seconds);
       // The executor empties the stash, host pool and P2P buffers; the arena must agree.
-      if (stage.arena->reserved_bytes() != 0) {
+      if (report.status.ok() && stage.arena->reserved_bytes() != 0) {
         report.status = absl::InternalError(
             absl::StrCat("stage ", rank, ": the arena still holds ", stage.arena->reserved_bytes(),
                          " bytes after the iteration (stash ",
@@ -321,7 +327,14 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     } else {
       report.status = stats.status();
     }
-    if (stage.model->holds_loss()) report.losses = stage.model->losses();
+    if (report.status.ok() && stage.train->holds_loss()) {
+      absl::StatusOr<std::vector<double>> losses = stage.train->Losses();
+      if (losses.ok()) {
+        report.losses = *std::move(losses);
+      } else {
+        report.status = losses.status();
+      }
+    }
     const bool with_timeline = trace && step == options.steps - 1;
     PO_ASSIGN_OR_RETURN(gathered,
                         GatherChecked(group, report.status, EncodeStepReport(report, with_timeline),
@@ -336,33 +349,46 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     }
     // Past the gather every iteration succeeded, so the ranks' remaining calls pair up; a
     // failure now is local and the others cannot be told in order: end the job.
-    if (absl::Status tied = ExchangeTiedGrad(group, *stage.model); !tied.ok()) {
+    if (absl::Status tied = stage.train->ExchangeTiedGrad(group); !tied.ok()) {
       FailUncoordinated(group, Annotate(tied, absl::StrCat("step ", step, ": tied gradient")));
     }
-    if (absl::Status stepped = stage.model->OptimizerStep(); !stepped.ok()) {
+    if (absl::Status stepped = stage.train->OptimizerStep(); !stepped.ok()) {
       FailUncoordinated(group, Annotate(stepped, absl::StrCat("step ", step, ": optimizer")));
+    }
+    if (step > 0 || options.steps == 1) {
+      optimizer_seconds += stage.train->last_optimizer_seconds() /
+                           static_cast<double>(options.steps == 1 ? 1 : options.steps - 1);
     }
     result.losses.push_back(MeanLoss(losses));
     result.step_seconds.push_back(Now() - start);
-    if (print != nullptr) PrintStep(print, step, result.losses.back(), result.step_seconds.back());
+    if (print != nullptr) {
+      PrintStep(print, step, result.losses.back(), result.step_seconds.back(), flops_per_gpu);
+    }
   }
 
   // The end: checksum over every stage's tensors, the memory report, the trace.
-  PO_ASSIGN_OR_RETURN(gathered, GatherChecked(group, absl::OkStatus(),
-                                              EncodeHashes(stage.model->ParameterHashes(),
-                                                           ModelStateBytes(*stage.model)),
-                                              "checksum"));
+  absl::StatusOr<std::vector<TensorHash>> my_hashes = stage.train->ParameterHashes();
+  ByteWriter end;
+  end.PutString(EncodeHashes(my_hashes.ok() ? *my_hashes : std::vector<TensorHash>{},
+                             stage.train->ModelStateBytes()));
+  end.Put<double>(optimizer_seconds);
+  end.PutString(stage.train->Describe());
+  PO_ASSIGN_OR_RETURN(gathered, GatherChecked(group, my_hashes.status(), end.Take(), "checksum"));
   std::vector<TensorHash> hashes;
   for (int d = 0; d < p; ++d) {
-    std::vector<TensorHash> theirs;
-    std::int64_t state_bytes = 0;
-    PO_RETURN_IF_ERROR(DecodeHashes(gathered[static_cast<std::size_t>(d)], &theirs, &state_bytes));
-    hashes.insert(hashes.end(), theirs.begin(), theirs.end());
+    ByteReader reader(gathered[static_cast<std::size_t>(d)]);
+    std::string encoded;
     StageSummary& summary = result.stages[static_cast<std::size_t>(d)];
-    summary.model_state_bytes = state_bytes;
+    reader.GetString(&encoded);
+    reader.Get(&summary.optimizer_seconds);
+    reader.GetString(&summary.description);
+    PO_RETURN_IF_ERROR(reader.Finish("stage summary"));
+    std::vector<TensorHash> theirs;
+    PO_RETURN_IF_ERROR(DecodeHashes(encoded, &theirs, &summary.model_state_bytes));
+    hashes.insert(hashes.end(), theirs.begin(), theirs.end());
   }
   PO_ASSIGN_OR_RETURN(result.checksum,
-                      CombineTensorHashes(std::move(hashes), stage.model->num_tensors()));
+                      CombineTensorHashes(std::move(hashes), stage.train->num_tensors()));
   for (const StageSummary& summary : result.stages) {
     if (options.steps > 0 && summary.stash_peak_bytes != summary.predicted_stash_peak_bytes) {
       result.peaks_match = false;

@@ -3,13 +3,15 @@
 // so runs compare from the command line.
 //
 // A pipeline rank, per DESIGN.md section 5 and the GptStageModel protocol:
-//   setup   - the job's spec (flags or --schedule-file), this stage's model, every stage's exact
-//             stash entry sizes (gathered), the cost model, the schedule (every rank compiles
-//             it; fingerprints are compared), the CPU backend, arena and executor. Each phase
+//   setup   - the job's spec (flags or --schedule-file), this stage's model and backend (a
+//             TrainStage from the factory: CPU, or CUDA with --backend cuda), every stage's
+//             exact stash entry sizes (gathered), the cost model, the schedule (every rank
+//             compiles it; fingerprints are compared), the arena and executor. Each phase
 //             ends with every rank's status gathered, so a failure anywhere (wrong stage count,
 //             corrupted file, budget too small) is reported by every rank and all stop.
-//   step s  - StartIteration(s); Executor::Run; gather status, losses and stats; the tied
-//             embedding gradient between stages 0 and p-1; OptimizerStep.
+//   step s  - StartIteration(s); Executor::Run; FinishIteration (the device drained); gather
+//             status, losses and stats; the tied embedding gradient between stages 0 and p-1;
+//             OptimizerStep.
 //   end     - gather parameter hashes -> CombineTensorHashes; per-stage memory report; trace.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_PIPELINE_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_PIPELINE_H_
@@ -18,12 +20,14 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "examples/gpt/gpt_data.h"
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_options.h"
+#include "examples/gpt/train_stage.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/transport.h"
 
@@ -42,7 +46,9 @@ struct StageSummary {
   std::int64_t offloaded_bytes = 0;  // D2H bytes of the last step
   std::int64_t predicted_offloaded_bytes = 0;
   std::int64_t arena_budget_bytes = 0;
-  std::int64_t model_state_bytes = 0;  // parameters, gradients, AdamW moments (host vectors)
+  std::int64_t model_state_bytes = 0;  // parameters, gradients, optimizer state (TrainStage)
+  double optimizer_seconds = 0.0;      // per step, mean over the steps after the first
+  std::string description;             // TrainStage::Describe: backend, where the state lives
   double compute_seconds = 0.0;        // per step, mean over the steps after the first
   double wait_seconds = 0.0;
 };
@@ -68,6 +74,13 @@ struct TrainResult {
                                                           std::shared_ptr<const GptData> data,
                                                           TrainGroup& group, Transport& transport,
                                                           std::FILE* out);
+// As above, with each rank's stage built by `factory` (RunPipelineRank above uses
+// CreateCpuTrainStage): how gpt_train runs the CUDA GPT through the same driver.
+[[nodiscard]] absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
+                                                          std::shared_ptr<const GptData> data,
+                                                          TrainGroup& group, Transport& transport,
+                                                          std::FILE* out,
+                                                          const TrainStageFactory& factory);
 
 // The single-process reference (ReferenceTrainer) with the same output lines.
 // Errors: the model's (bad config, data the config cannot read).

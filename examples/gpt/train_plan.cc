@@ -105,8 +105,24 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
 }
 
 absl::StatusOr<Schedule> PlanSchedule(const PipelineSpec& spec,
-                                      const std::optional<Schedule>& loaded,
-                                      const CostModel& cost) {
+                                      const std::optional<Schedule>& loaded, const CostModel& cost,
+                                      double memory_budget_share) {
+  if (!loaded.has_value() && spec.offload == OffloadPolicy::kAuto && memory_budget_share > 0) {
+    // The share's base: the largest stage's stash peak of the same order without offload.
+    PipelineSpec plain = spec;
+    plain.offload = OffloadPolicy::kNone;
+    absl::StatusOr<Schedule> baseline = Compile(plain, cost);
+    if (!baseline.ok()) return Annotate(baseline.status(), "auto: the plan without offload");
+    std::int64_t peak = 0;
+    if (baseline->predictions.has_value()) {
+      const std::vector<StagePrediction>& stages = baseline->predictions.value().stages;
+      for (std::size_t d = 0; d < stages.size(); ++d) peak = std::max(peak, stages[d].peak_bytes);
+    }
+    PipelineSpec budgeted = spec;
+    budgeted.memory_budget_bytes = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(memory_budget_share * static_cast<double>(peak)));
+    return Compile(budgeted, cost);
+  }
   if (!loaded.has_value()) return Compile(spec, cost);
   Schedule schedule = *loaded;
   absl::StatusOr<Timeline> timeline = Simulate(schedule, cost);
@@ -116,7 +132,8 @@ absl::StatusOr<Schedule> PlanSchedule(const PipelineSpec& spec,
 }
 
 std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePrediction& prediction,
-                               std::int64_t boundary_bytes, std::int64_t alignment) {
+                               std::int64_t boundary_bytes, std::int64_t alignment,
+                               std::int64_t largest_entry_bytes) {
   const auto aligned = [&](std::int64_t bytes) {
     return (bytes + alignment - 1) / alignment * alignment;
   };
@@ -130,7 +147,7 @@ std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePredictio
   const std::int64_t stash = prediction.peak_bytes + prediction.peak_units * alignment;
   const std::int64_t p2p = buffers * aligned(std::max<std::int64_t>(boundary_bytes, 1));
   const std::int64_t total = stash + p2p;
-  return aligned(total + total / 4 + alignment);
+  return aligned(total + total / 4 + alignment + aligned(largest_entry_bytes));
 }
 
 std::uint64_t ScheduleFingerprint(const Schedule& schedule) {

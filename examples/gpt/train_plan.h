@@ -53,17 +53,26 @@ inline constexpr double kTransferUnits = 0.25;
                                                    int num_ranks, std::string_view transport_name);
 
 // The schedule to run: Compile(spec, cost), or `loaded` with its predictions replaced by a
-// simulation under `cost` (a file's predictions were made for some other model). Errors: the
-// compiler's; FailedPrecondition when the loaded schedule hangs in simulation.
+// simulation under `cost` (a file's predictions were made for some other model). For
+// --schedule auto with memory_budget_share > 0, the budget is that share of the largest
+// stage's stash peak of the same order without offload. Errors: the compiler's (for auto,
+// ResourceExhausted when no plan fits the budget); FailedPrecondition when the loaded schedule
+// hangs in simulation.
 [[nodiscard]] absl::StatusOr<Schedule> PlanSchedule(const PipelineSpec& spec,
                                                     const std::optional<Schedule>& loaded,
-                                                    const CostModel& cost);
+                                                    const CostModel& cost,
+                                                    double memory_budget_share = 0.0);
 
 // The arena budget that surely holds `program`: its predicted stash peak with every entry
 // rounded to `alignment`, plus one aligned boundary buffer per op that can allocate one (F, B,
-// RECV_F, RECV_B), plus a quarter for fragmentation. REQUIRES: alignment a power of two.
+// RECV_F, RECV_B), plus a quarter for fragmentation, plus one more `largest_entry_bytes`
+// (the stage's largest stash entry). Why the extra entry: the arena is first-fit, and on the
+// GPU offload releases and P2P buffers come and go in a timing-dependent order; with only the
+// quarter, stage 0 of a 2-stage po-f run once failed to place a stash entry with twice its
+// size free but no contiguous block (H200, batch 3). REQUIRES: alignment a power of two.
 std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePrediction& prediction,
-                               std::int64_t boundary_bytes, std::int64_t alignment);
+                               std::int64_t boundary_bytes, std::int64_t alignment,
+                               std::int64_t largest_entry_bytes = 0);
 
 // FNV-1a of the schedule's canonical JSON: ranks compare it to prove they run one schedule.
 std::uint64_t ScheduleFingerprint(const Schedule& schedule);

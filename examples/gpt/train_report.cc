@@ -52,8 +52,14 @@ void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& tran
   }
 }
 
-void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds) {
-  std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s\n", step, loss, seconds);
+void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds,
+               double flops_per_gpu) {
+  if (flops_per_gpu > 0 && seconds > 0) {
+    std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s, model %.1f TFLOP/s per GPU\n", step,
+                 loss, seconds, flops_per_gpu / seconds / 1e12);
+  } else {
+    std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s\n", step, loss, seconds);
+  }
   std::fflush(out);
 }
 
@@ -73,6 +79,11 @@ void PrintStageTable(std::FILE* out, const TrainResult& result) {
                  s.host_peak_bytes, s.predicted_host_bytes, s.offloaded_bytes,
                  s.predicted_offloaded_bytes, s.model_state_bytes, s.compute_seconds,
                  s.wait_seconds);
+  }
+  for (const StageSummary& s : result.stages) {
+    if (s.description.empty()) continue;
+    std::fprintf(out, "stage %d runs on: %s; optimizer step %.4f s\n", s.stage,
+                 s.description.c_str(), s.optimizer_seconds);
   }
   if (!result.stages.empty() && ran) {
     std::fprintf(out, "%s\n",

@@ -28,11 +28,14 @@ void PrintDataAndModel(std::FILE* out, const GptData& data, const GptConfig& con
 // compiler's predictions (step time in units, bubble, per-stage stash peaks), then any
 // planner warnings.
 void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name);
-// "step N loss %.9g time %.3f s".
-void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds);
+// "step N loss %.9g time %.3f s", then ", model %.1f TFLOP/s per GPU" when flops_per_gpu > 0
+// (the model FLOP of one step that each GPU carries).
+void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds,
+               double flops_per_gpu = 0.0);
 // One "stage d: ..." line per stage (stash peak measured vs predicted, P2P and other arena
-// peaks, host pool, offloaded bytes, budget, model state), the peak verdict and the mean step
-// time after the first step.
+// peaks, host pool, offloaded bytes, budget, model state), a "stage d runs on: ..." line per
+// stage that has a description (where its model and optimizer state live, optimizer time), the
+// peak verdict and the mean step time after the first step.
 void PrintStageTable(std::FILE* out, const TrainResult& result);
 // "checksum 0x%016llx".
 void PrintChecksum(std::FILE* out, std::uint64_t checksum);

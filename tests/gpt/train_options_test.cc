@@ -2,9 +2,12 @@
 // schedule the issue asks for; every bad flag is an InvalidArgument naming the flag.
 #include "examples/gpt/train_options.h"
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "examples/gpt/train_stage.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload::gpt {
@@ -169,6 +172,7 @@ TEST_CASE("--help lists every flag the issue names, and each one parses", "[trai
                                                                   {"poison", ""},
                                                                   {"vocab", "256"},
                                                                   {"weight-decay", "0"},
+                                                                  {"backend", "cpu"},
                                                                   {"help", ""}};
   for (const auto& [flag, value] : flags) {
     CAPTURE(flag);
@@ -209,6 +213,29 @@ TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "
       {{"--schedule", "po-f", "--offload-chunks", "1"}, "apply to --schedule selective only"},
       {{"--schedule", "selective"}, "needs --offload-fraction X (0..1) or --offload-chunks N"},
       {{"--schedule-file", "s.json", "--schedule", "po-f"}, "drop --schedule"},
+      {{"--backend", "gpu"}, "--backend expects cpu or cuda, got 'gpu'"},
+      {{"--schedule", "auto"}, "--schedule auto needs --memory-budget BYTES or P%"},
+      {{"--memory-budget", "1G"}, "--memory-budget applies to --schedule auto only"},
+      {{"--schedule", "auto", "--memory-budget", "0%"}, "--memory-budget expects a positive"},
+      {{"--schedule", "auto", "--memory-budget", "x%"}, "--memory-budget expects a number"},
+      {{"--schedule", "auto", "--memory-budget", "0"}, "--memory-budget expects a positive byte"},
+      {{"--backend", "cuda", "--optimizer-offload", "disk"},
+       "--optimizer-offload expects none, cpu, interleaved or static, got 'disk'"},
+      {{"--backend", "cuda", "--optimizer-offload", "interleaved", "--gpu-share", "1.5"},
+       "--gpu-share expects a number in [0, 1]"},
+      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--optimizer-subgroup", "0"},
+       "--optimizer-subgroup expects an integer in [1,"},
+      {{"--optimizer-offload", "cpu"}, "--optimizer-offload needs --backend cuda"},
+      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--gpu-share", "0.5"},
+       "--gpu-share applies to --optimizer-offload interleaved or static only"},
+      {{"--backend", "cuda", "--gpu-share", "0.5"}, "--gpu-share applies to"},
+      {{"--backend", "cuda", "--optimizer-subgroup", "1024"},
+       "--optimizer-subgroup applies with --optimizer-offload"},
+      {{"--backend", "cuda", "--tied"}, "--tied is not supported with --backend cuda"},
+      {{"--backend", "cuda", "--transport", "reference"},
+       "--transport reference is the CPU reference trainer"},
+      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--weight-decay", "0.1"},
+       "--weight-decay is not supported with --optimizer-offload"},
   };
   for (const Case& c : cases) {
     const absl::StatusOr<TrainOptions> parsed = Parse(c.args);
@@ -217,6 +244,72 @@ TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "
     CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(parsed.status().message()).find(c.expected) != std::string::npos);
   }
+}
+
+TEST_CASE("--backend and the optimizer-offload flags land in the options", "[train][options]") {
+  absl::StatusOr<TrainOptions> cpu = Parse({});
+  REQUIRE(cpu.ok());
+  CHECK(cpu->backend == TrainBackend::kCpu);
+  CHECK(cpu->optimizer_offload == TrainOptimizerOffload::kNone);
+  CHECK(cpu->config.n_head == 4);  // the CPU default is unchanged
+
+  // With cuda the default head count gives the CUDA attention's head size 64; --heads wins.
+  absl::StatusOr<TrainOptions> cuda = Parse({"--backend", "cuda", "--embd", "256"});
+  REQUIRE(cuda.ok());
+  CHECK(cuda->backend == TrainBackend::kCuda);
+  CHECK(cuda->config.n_head == 4);
+  cuda = Parse({"--backend", "cuda", "--embd", "1024"});
+  REQUIRE(cuda.ok());
+  CHECK(cuda->config.n_head == 16);
+  cuda = Parse({"--backend", "cuda", "--embd", "1024", "--heads", "8"});
+  REQUIRE(cuda.ok());
+  CHECK(cuda->config.n_head == 8);
+  cuda = Parse({"--heads", "8", "--backend", "cuda", "--embd", "1024"});  // any order
+  REQUIRE(cuda.ok());
+  CHECK(cuda->config.n_head == 8);
+
+  const std::vector<std::pair<std::string, TrainOptimizerOffload>> modes = {
+      {"none", TrainOptimizerOffload::kNone},
+      {"cpu", TrainOptimizerOffload::kCpu},
+      {"interleaved", TrainOptimizerOffload::kInterleaved},
+      {"static", TrainOptimizerOffload::kStatic}};
+  for (const auto& [name, mode] : modes) {
+    CAPTURE(name);
+    absl::StatusOr<TrainOptions> parsed = Parse({"--backend", "cuda", "--optimizer-offload", name});
+    REQUIRE(parsed.ok());
+    CHECK(parsed->optimizer_offload == mode);
+    CHECK(TrainOptimizerOffloadName(mode) == name);
+    CHECK(parsed->gpu_share == 0.5);
+    CHECK(parsed->optimizer_subgroup == std::int64_t{1} << 24);
+  }
+  absl::StatusOr<TrainOptions> shared =
+      Parse({"--backend", "cuda", "--optimizer-offload", "interleaved", "--gpu-share", "0.3",
+             "--optimizer-subgroup", "1000"});
+  REQUIRE(shared.ok());
+  CHECK(shared->gpu_share == 0.3);
+  CHECK(shared->optimizer_subgroup == 1000);
+  shared = Parse({"--backend", "cuda", "--optimizer-offload", "static", "--gpu-share", "0"});
+  REQUIRE(shared.ok());
+  CHECK(shared->gpu_share == 0.0);
+  const std::string help = TrainHelpText();
+  for (const char* flag : {"--optimizer-offload MODE", "--gpu-share R", "--optimizer-subgroup N",
+                           "--backend NAME", "--memory-budget BYTES"}) {
+    CAPTURE(flag);
+    CHECK(help.find(flag) != std::string::npos);
+  }
+}
+
+TEST_CASE("model FLOP per step: the pipeline_bench convention plus the head", "[train][options]") {
+  GptConfig config;
+  config.n_layer = 2;
+  config.n_embd = 64;
+  config.seq_len = 32;
+  config.vocab_size = 256;
+  config.batch_size = 3;
+  config.num_microbatches = 5;
+  // Per sequence: 2 x (72 * 64^2 * 32 + 12 * 32^2 * 64) + 6 * 32 * 64 * 256; times 15.
+  const double per_sequence = 2 * (72.0 * 4096 * 32 + 12.0 * 1024 * 64) + 6.0 * 32 * 64 * 256;
+  CHECK(ModelFlopsPerStep(config) == per_sequence * 15);
 }
 
 TEST_CASE("a spec the compiler rejects names the pipeline flags", "[train][options]") {

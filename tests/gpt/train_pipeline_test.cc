@@ -109,7 +109,8 @@ TEST_CASE("every family and offload policy ends bitwise equal to the single-proc
                                         {"--schedule", "po-f", "--family", "1f1b"},
                                         {"--schedule", "po-f", "--split-backward", "--tied"},
                                         {"--schedule", "interleaved", "--split-backward"},
-                                        {"--schedule", "po-h", "--tied", "--poison"}}));
+                                        {"--schedule", "po-h", "--tied", "--poison"},
+                                        {"--schedule", "auto", "--memory-budget", "50%"}}));
   CAPTURE(flags);
   const TrainOptions options = Options(flags);
   const TrainResult reference = Reference(options);
@@ -139,6 +140,39 @@ TEST_CASE("every family and offload policy ends bitwise equal to the single-proc
   }
   CHECK(result.peaks_match);
   CHECK((offloaded > 0) == offload);
+}
+
+TEST_CASE("--schedule auto keeps every stage's measured stash peak within --memory-budget",
+          "[train][pipeline]") {
+  const TrainResult plain = Agreed(RunLocal(Options({"--schedule", "group-interleaved"}), 4));
+  std::int64_t plain_peak = 0;
+  for (const StageSummary& stage : plain.stages) {
+    plain_peak = std::max(plain_peak, stage.stash_peak_bytes);
+  }
+  // 50% of the no-offload peak: only a plan that offloads fits.
+  const TrainResult share =
+      Agreed(RunLocal(Options({"--schedule", "auto", "--memory-budget", "50%"}), 4));
+  const std::int64_t budget = plain_peak / 2;
+  const TrainResult bytes = Agreed(
+      RunLocal(Options({"--schedule", "auto", "--memory-budget", std::to_string(budget)}), 4));
+  for (const TrainResult* result : {&share, &bytes}) {
+    REQUIRE(result->schedule.has_value());
+    CHECK(result->schedule->spec.offload != OffloadPolicy::kNone);
+    CHECK(result->checksum == plain.checksum);
+    CHECK(result->peaks_match);
+    for (const StageSummary& stage : result->stages) {
+      CAPTURE(stage.stage);
+      CHECK(stage.stash_peak_bytes <= budget);
+      CHECK(stage.offloaded_bytes >= 0);
+    }
+  }
+  // A budget below every plan's peak: every rank fails at setup, naming the smallest peak.
+  const LocalRun tiny = RunLocal(Options({"--schedule", "auto", "--memory-budget", "1K"}), 4);
+  for (const auto& rank : tiny.ranks) {
+    REQUIRE_FALSE(rank.ok());
+    CHECK(std::string(rank.status().message()).find("no plan fits memory_budget_bytes=1000") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("offload on and off: bitwise equal parameters, and po-f lowers every measured peak",

@@ -212,6 +212,8 @@ TEST_CASE("the default arena budget holds the aligned stash peak and every P2P b
     CHECK(budget % 256 == 0);
     CHECK(budget >= prediction.peak_bytes + prediction.peak_units * 256 + buffers * 1024);
     CHECK(budget < 2 * (prediction.peak_bytes + prediction.peak_units * 256 + buffers * 1024));
+    // One more largest entry of slack (first-fit fragmentation on the GPU).
+    CHECK(DefaultArenaBytes(program, prediction, 1000, 256, 5000) == budget + 5120);
   }
 }
 

@@ -104,3 +104,12 @@ train_expect("${last_output}"
              "the failing rank's own error")
 train_expect("${last_output}" "waited 2.0 s for (RECV|SEND)_[FB]"
              "the watchdog naming the op waited for")
+
+# --backend cuda where no GPU is visible (CUDA_VISIBLE_DEVICES=-1 hides any): every rank checks
+# its GPU and the ranks agree before NCCL starts, so all 4 stop at once with the reason (or say
+# the build has no CUDA).
+set(ENV{CUDA_VISIBLE_DEVICES} -1)
+train_expect_failure("--backend cuda without a GPU"
+  "needs 1 GPU\\(s\\), but CUDA sees 0|built without CUDA"
+  ${TINY_MODEL} --backend cuda --embd 64)
+unset(ENV{CUDA_VISIBLE_DEVICES})

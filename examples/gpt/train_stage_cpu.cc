@@ -1,0 +1,105 @@
+// The CPU TrainStage: GptStageModel on the CPU backend (see train_stage.h), and the model FLOP
+// count the reports share.
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "examples/gpt/gpt_stage_model.h"
+#include "examples/gpt/train_stage.h"
+#include "lib/base/status_macros.h"
+
+namespace pipeoffload::gpt {
+namespace {
+
+class CpuTrainStage final : public TrainStage {
+ public:
+  CpuTrainStage(std::unique_ptr<Backend> backend, std::unique_ptr<GptStageModel> model)
+      : backend_(std::move(backend)), model_(std::move(model)) {}
+
+  StageModel& model() override { return *model_; }
+  Backend& backend() override { return *backend_; }
+
+  absl::Status StartIteration(std::int64_t step) override {
+    model_->StartIteration(step);
+    return absl::OkStatus();
+  }
+  // The CPU executor runs compute on the calling thread; its copy queues may still be busy
+  // only if the iteration failed, and then the driver stops anyway.
+  absl::Status FinishIteration(double timeout_seconds) override {
+    return backend_->Synchronize(timeout_seconds);
+  }
+  bool holds_loss() const override { return model_->holds_loss(); }
+  absl::StatusOr<std::vector<double>> Losses() override { return model_->losses(); }
+
+  // GptStageModel protocol step 3: stages 0 and p-1 swap their parts of wte's gradient.
+  absl::Status ExchangeTiedGrad(TrainGroup& group) override {
+    if (!model_->NeedsTiedGradExchange()) return absl::OkStatus();
+    const int peer = group.rank() == 0 ? group.size() - 1 : 0;
+    const std::int64_t n = model_->TiedGradElements();
+    const std::string mine(reinterpret_cast<const char*>(model_->TiedGradPart()),
+                           static_cast<std::size_t>(n) * sizeof(float));
+    PO_ASSIGN_OR_RETURN(const std::string theirs, group.Exchange(peer, mine));
+    if (theirs.size() != mine.size()) {
+      return absl::DataLossError(absl::StrCat("tied gradient from rank ", peer, " has ",
+                                              theirs.size(), " bytes, expected ", mine.size()));
+    }
+    std::vector<float> part(static_cast<std::size_t>(n));
+    std::memcpy(part.data(), theirs.data(), theirs.size());
+    return model_->SetPeerTiedGradPart(part.data(), n);
+  }
+
+  absl::Status OptimizerStep() override {
+    const double start = backend_->NowSeconds();
+    absl::Status status = model_->OptimizerStep();
+    last_optimizer_seconds_ = backend_->NowSeconds() - start;
+    return status;
+  }
+  double last_optimizer_seconds() const override { return last_optimizer_seconds_; }
+
+  absl::StatusOr<std::vector<TensorHash>> ParameterHashes() override {
+    return model_->ParameterHashes();
+  }
+  int num_tensors() const override { return model_->num_tensors(); }
+  // Parameters, gradients and the two AdamW moments, fp32 host vectors.
+  std::int64_t ModelStateBytes() const override {
+    std::int64_t floats = 0;
+    for (int c = 0; c < model_->chunks_per_stage(); ++c) {
+      floats += model_->chunk(c).params().numel();
+    }
+    return floats * 4 * std::int64_t{sizeof(float)};
+  }
+  std::string Describe() const override {
+    return absl::StrCat(backend_->Name(), ", fp32 parameters, gradients and AdamW state in host ",
+                        "memory (", ModelStateBytes(), " B)");
+  }
+
+ private:
+  const std::unique_ptr<Backend> backend_;
+  const std::unique_ptr<GptStageModel> model_;
+  double last_optimizer_seconds_ = 0.0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainStage>> CreateCpuTrainStage(const TrainOptions& options,
+                                                                const TrainStageSpec& spec) {
+  PO_ASSIGN_OR_RETURN(std::unique_ptr<GptStageModel> model,
+                      GptStageModel::Create(spec.config, spec.num_stages, spec.chunks_per_stage,
+                                            spec.stage, spec.data));
+  CpuBackendOptions backend_options;
+  backend_options.queue_wait_timeout_seconds = options.watchdog_seconds;
+  PO_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCpuBackend(backend_options));
+  return std::unique_ptr<TrainStage>(new CpuTrainStage(std::move(backend), std::move(model)));
+}
+
+double ModelFlopsPerStep(const GptConfig& config) {
+  const double c = config.n_embd;
+  const double t = config.seq_len;
+  const double v = config.vocab_size;
+  const double per_sequence =
+      config.n_layer * (72.0 * c * c * t + 12.0 * t * t * c) + 6.0 * t * c * v;
+  return per_sequence * config.batch_size * config.num_microbatches;
+}
+
+}  // namespace pipeoffload::gpt
