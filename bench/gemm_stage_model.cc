@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -24,9 +26,42 @@ namespace pipeoffload::bench {
 namespace {
 
 constexpr std::int64_t kBf16 = 2;  // bytes per element
-// Fill byte of weights and inputs: every bf16 is 0x3c3c (about 0.0115), so sums over h stay
-// finite and tensor cores see ordinary operands.
-constexpr int kFillByte = 0x3c;
+// Magnitudes of the pseudo-random fills: inputs and gradients O(1); weights small enough that
+// a layer's outputs stay O(1) over h-long sums, so nothing overflows bf16 across many layers.
+constexpr float kActivationScale = 1.0f;
+constexpr float kWeightScale = 0.01f;
+constexpr std::int64_t kRandomBlockBytes = std::int64_t{8} << 20;
+
+// bf16 bits of x (round to nearest even).
+std::uint16_t ToBf16(float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+absl::Status FillRandom(void* device, std::int64_t bytes, float scale, std::uint64_t seed,
+                        cudaStream_t stream) {
+  const std::int64_t block = std::min(bytes, kRandomBlockBytes) / kBf16 * kBf16;
+  if (block <= 0) return absl::OkStatus();
+  std::vector<std::uint16_t> host(static_cast<std::size_t>(block / kBf16));
+  std::uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (std::uint16_t& value : host) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;  // LCG; top bits used
+    const float unit = static_cast<float>(state >> 40) / static_cast<float>(1 << 24);
+    value = ToBf16((2.0f * unit - 1.0f) * scale);
+  }
+  char* base = static_cast<char*>(device);
+  PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base, host.data(), static_cast<std::size_t>(block),
+                                          cudaMemcpyHostToDevice, stream));
+  for (std::int64_t offset = block; offset < bytes; offset += block) {
+    const std::int64_t n = std::min(block, bytes - offset);
+    PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + offset, base, static_cast<std::size_t>(n),
+                                            cudaMemcpyDeviceToDevice, stream));
+  }
+  PO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // set-up only; `host` dies here
+  return absl::OkStatus();
+}
 
 absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -80,7 +115,7 @@ class GemmStageModel final : public StageModel {
                     const void* b, bool trans_b, void* c, bool accumulate);
   absl::Status InputGrads(const Saved& layer, const void* dy, void* dx);
   absl::Status WeightGrads(const Saved& layer);
-  absl::StatusOr<void*> Allocate(std::int64_t bytes);
+  absl::StatusOr<void*> Allocate(std::int64_t bytes, float scale);
 
   const GemmShape shape_;
   const int device_;
@@ -100,12 +135,11 @@ class GemmStageModel final : public StageModel {
   void* da_ = nullptr;       // [s,h]
 };
 
-absl::StatusOr<void*> GemmStageModel::Allocate(std::int64_t bytes) {
+absl::StatusOr<void*> GemmStageModel::Allocate(std::int64_t bytes, float scale) {
   void* buffer = nullptr;
   PO_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, static_cast<std::size_t>(bytes)));
   allocations_.push_back(buffer);
-  PO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffer, kFillByte, static_cast<std::size_t>(bytes),
-                                          stream_));
+  PO_RETURN_IF_ERROR(FillRandom(buffer, bytes, scale, allocations_.size(), stream_));
   return buffer;
 }
 
@@ -118,19 +152,20 @@ absl::Status GemmStageModel::Init() {
                                                                   4 * h * h};
   for (int i = 0; i < kNumMatrices; ++i) {
     PO_ASSIGN_OR_RETURN(weights_[static_cast<std::size_t>(i)],
-                        Allocate(weight_elements[static_cast<std::size_t>(i)] * kBf16));
+                        Allocate(weight_elements[static_cast<std::size_t>(i)] * kBf16,
+                                 kWeightScale));
     PO_ASSIGN_OR_RETURN(weight_grads_[static_cast<std::size_t>(i)],
-                        Allocate(weight_elements[static_cast<std::size_t>(i)] * kBf16));
+                        Allocate(weight_elements[static_cast<std::size_t>(i)] * kBf16,
+                                 kWeightScale));
   }
   for (void** buffer : {&tokens_, &y_, &y2_, &dy_, &dy2_, &da_}) {
-    PO_ASSIGN_OR_RETURN(*buffer, Allocate(s * h * kBf16));
+    PO_ASSIGN_OR_RETURN(*buffer, Allocate(s * h * kBf16, kActivationScale));
   }
-  PO_ASSIGN_OR_RETURN(dhidden_, Allocate(s * 4 * h * kBf16));
-  PO_ASSIGN_OR_RETURN(dqkv_, Allocate(s * 3 * h * kBf16));
+  PO_ASSIGN_OR_RETURN(dhidden_, Allocate(s * 4 * h * kBf16, kActivationScale));
+  PO_ASSIGN_OR_RETURN(dqkv_, Allocate(s * 3 * h * kBf16, kActivationScale));
   PO_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle_));
   PO_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, stream_));
   // Default math mode: bf16 inputs with CUBLAS_COMPUTE_32F use tensor cores.
-  PO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // init only
   return absl::OkStatus();
 }
 
@@ -331,8 +366,8 @@ absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model
     void* buffer = nullptr;
     PO_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, static_cast<std::size_t>(bytes)));
     scratch.buffers.push_back(buffer);
-    PO_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(buffer, kFillByte, static_cast<std::size_t>(bytes), stream));
+    PO_RETURN_IF_ERROR(FillRandom(buffer, bytes, kActivationScale, scratch.buffers.size(),
+                                  stream));
     return buffer;
   };
   PO_ASSIGN_OR_RETURN(void* saved, allocate(model.SavedBytes(0, false)));
@@ -355,6 +390,58 @@ absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model
     backward.push_back(b / 1e3);
   }
   return ChunkTimes{MedianOf(forward), MedianOf(backward)};
+}
+
+absl::Status FillRandomBf16(Backend& backend, void* device, std::int64_t bytes, float scale,
+                            std::uint64_t seed) {
+  PO_ASSIGN_OR_RETURN(const int ordinal, CudaBackendDevice(backend));
+  PO_ASSIGN_OR_RETURN(cudaStream_t stream, CudaComputeStream(backend));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(ordinal));
+  return FillRandom(device, bytes, scale, seed, stream);
+}
+
+absl::StatusOr<double> MeasureGemmRate(Backend& backend, int n, int reps) {
+  if (n < 64 || n > 32768 || reps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeasureGemmRate: n must be in [64, 32768] and reps >= 1 (got n=", n,
+                     ", reps=", reps, ")"));
+  }
+  PO_ASSIGN_OR_RETURN(const int device, CudaBackendDevice(backend));
+  PO_ASSIGN_OR_RETURN(cudaStream_t stream, CudaComputeStream(backend));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device));
+  Scratch scratch;
+  const std::int64_t bytes = std::int64_t{n} * n * kBf16;
+  std::array<void*, 3> matrices{};  // A, B, C
+  for (std::size_t i = 0; i < matrices.size(); ++i) {
+    PO_CUDA_RETURN_IF_ERROR(cudaMalloc(&matrices[i], static_cast<std::size_t>(bytes)));
+    scratch.buffers.push_back(matrices[i]);
+    PO_RETURN_IF_ERROR(FillRandom(matrices[i], bytes, kActivationScale, 100 + i, stream));
+  }
+  cublasHandle_t handle = nullptr;
+  PO_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
+  struct HandleGuard {
+    cublasHandle_t handle;
+    ~HandleGuard() { cublasDestroy(handle); }
+  } handle_guard{handle};
+  PO_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream));
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  auto gemm = [&]() -> absl::Status {
+    PO_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                                           matrices[0], CUDA_R_16BF, n, matrices[1], CUDA_R_16BF,
+                                           n, &beta, matrices[2], CUDA_R_16BF, n,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  };
+  std::vector<double> seconds;
+  constexpr int kWarmup = 3;
+  for (int rep = 0; rep < kWarmup + reps; ++rep) {
+    PO_ASSIGN_OR_RETURN(const double ms, TimeOnStream(stream, scratch, gemm));
+    if (rep >= kWarmup) seconds.push_back(ms / 1e3);
+  }
+  return 2.0 * n * static_cast<double>(n) * n / MedianOf(seconds);
 }
 
 absl::StatusOr<std::unique_ptr<StageModel>> CreateGemmStageModel(Backend& backend,

@@ -13,8 +13,9 @@
 // writes the layer input and the three GEMM outputs it needs again (18 h s bytes) straight
 // into the stash entry and zero-fills the rest; backward's weight-gradient GEMMs read them
 // from the entry, so a stash entry that came back wrong would at least be read at full size.
-// Numerical values are meaningless (weights are a constant fill; one weight set per stage is
-// shared by its layers, which changes no GEMM shape).
+// Numerical values are meaningless, but not constant: weights and inputs are pseudo-random bf16
+// (METHOD.md: never time on zeros or constants; one weight set per stage is shared by its
+// layers, which changes no GEMM shape).
 #ifndef PIPEOFFLOAD_BENCH_GEMM_STAGE_MODEL_H_
 #define PIPEOFFLOAD_BENCH_GEMM_STAGE_MODEL_H_
 
@@ -23,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "bench/pipeline_bench_plan.h"
 #include "pipeoffload/backend.h"
 #include "pipeoffload/stage_model.h"
 
@@ -46,18 +48,24 @@ struct GemmShape {
 // GEMM dimensions fit cuBLAS's int arguments. Errors: InvalidArgument naming the field.
 [[nodiscard]] absl::Status CheckGemmShape(const GemmShape& shape);
 
-// Seconds of one chunk's Forward and full Backward (with weight gradients) alone on the GPU.
-struct ChunkTimes {
-  double forward = 0.0;
-  double backward = 0.0;
-};
-
-// Times `model` (from CreateGemmStageModel on `backend`) as a middle stage would run it: input,
-// output and gradients present. CUDA events around each call on the compute stream, `reps`
-// timed calls after two untimed ones; the median of each. Allocates (and frees) one stash
-// entry and four boundary buffers with cudaMalloc. Errors: the CUDA calls'.
+// Times `model` (any StageModel launching on `backend`'s compute stream, a CUDA backend) as a
+// middle stage would run it: input, output and gradients present (pseudo-random bf16). CUDA
+// events around each call on the compute stream, `reps` timed calls after two untimed ones;
+// the median of each. Allocates (and frees) one stash entry and four boundary buffers with
+// cudaMalloc. Errors: the CUDA calls'.
 [[nodiscard]] absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model,
                                                            int reps);
+
+// Fills `bytes` of `backend`'s device memory with pseudo-random bf16 uniform in [-scale, scale]
+// (a host block of up to 8 MiB from `seed`, repeated) on its compute stream, and waits for it
+// (set-up only). Errors: the CUDA calls'.
+[[nodiscard]] absl::Status FillRandomBf16(Backend& backend, void* device, std::int64_t bytes,
+                                          float scale, std::uint64_t seed);
+
+// The bf16 GEMM rate of this GPU in FLOP/s: C[n,n] = A[n,n] B[n,n] with fp32 accumulation
+// (cuBLAS, random operands), the median of `reps` event-timed calls after three warm-ups.
+// Errors: the CUDA / cuBLAS calls' (naming them).
+[[nodiscard]] absl::StatusOr<double> MeasureGemmRate(Backend& backend, int n, int reps);
 
 // Creates the model on `backend` (a CUDA backend: InvalidArgument otherwise), allocating its
 // weights, weight gradients and scratch with cudaMalloc (about 3.2 * 12 h^2 + 20 h s bytes;

@@ -2,76 +2,256 @@
 //
 // p stages run as threads of this process on ONE GPU, each with its own CUDA backend (its own
 // streams), device arena and executor, exchanging device buffers through the local transport
-// with CudaDeviceCopier. Each stage is a GemmStageModel (bench/gemm_stage_model.h): a GPT
-// layer's four bf16 GEMMs per layer, 34 h s saved bytes per layer.
+// with CudaDeviceCopier. Each stage's model is --model=gpt (the CUDA GPT layer stack of
+// examples/gpt/cuda, when this build has it; the default then) or --model=gemm (a GPT layer's
+// four GEMMs, bench/gemm_stage_model.h).
 //
-//   1. F and B of one chunk are timed alone on the GPU (CUDA events, median of --reps);
-//   2. the cost model is built from them, the saved and boundary bytes, and the PCIe figures
-//      (--pcie-gbs solo, --duplex-gbs per direction when both run); each policy is compiled;
-//   3. each policy runs --warmup + --steps iterations; the table reports the median step,
-//      overhead vs 1f1b, model TFLOP/s (3x the forward GEMM FLOPs actually launched), stash
-//      peak measured vs predicted, offloaded GB per step and achieved offload GB/s (OFFLOAD
-//      bytes over the copies' own durations), and predicted vs measured step time.
-// The prediction assumes one GPU per stage; here p stages time-share one GPU, so the step is
-// bounded below by the "serial" column: p * m * v * (F + B) measured alone.
+//   1. The ceilings: the bf16 GEMM rate (cuBLAS 8192^3) and the pinned PCIe bandwidths (D2H,
+//      H2D alone and together; or --pcie-gbs / --duplex-gbs).
+//   2. F and B of one chunk timed alone on the GPU (CUDA events, median of --reps).
+//   3. Each policy compiled with the planner's one-GPU costs (pipeline_bench_plan.h: compute
+//      x p, one host link) and predicted by SimulateSharedGpu from the solo costs.
+//   4. Each policy run --warmup + --steps iterations: median step, model TFLOP/s (72h^2s +
+//      12s^2h per layer and microbatch), stash peaks measured vs predicted, offloaded bytes
+//      and the offload copies' achieved GB/s, predicted vs measured step, device memory.
+// Policies: 1f1b (1F1B, one chunk per stage, no offload: the baseline), none (--family and
+// --chunks without offload), po-h, po-f, selective, auto (on --family / --chunks). The 1f1b
+// baseline cuts the layers differently, so its models are rebuilt (same layers, same seed).
 //
-// Flags: --hidden=N (4096) --seq=N (2048) --layers-per-chunk=N (1) --microbatches=N (4p)
-//   --stages=N (4) --family=1f1b|interleaved|group-interleaved (1f1b) --chunks=N (1)
-//   --policy=P or --policies=P,P,...|all with P in 1f1b|po-h|po-f|selective|auto
-//   (all = 1f1b,po-h,po-f) --offload-fraction=F (0.5, selective) --budget-gb=G (auto)
-//   --steps=N (5) --warmup=N (2) --reps=N (5) --pcie-gbs=G (55) --duplex-gbs=G (46)
-//   --out=PATH (also write the markdown there) --dry-run (no GPU: estimated costs, compile
-//   and print predictions only).
+// --dry-run: no GPU; estimated costs, plans and predictions only. --summarize=JSONL
+// [--peer=JSONL]: no GPU; the checklist of issue 5's targets over earlier runs' --json lines
+// and scripts/torch_peer.py's.
 // Exit status: 0 ok, 1 a failure (message on stderr), 2 bad flags, 77 no usable GPU.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "bench/gemm_stage_model.h"
+#include "bench/pipeline_bench_link.h"
 #include "bench/pipeline_bench_plan.h"
+#include "bench/pipeline_bench_report.h"
+#include "lib/backend/cuda/cuda_status.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/cuda.h"
 #include "pipeoffload/memory.h"
 #include "pipeoffload/runtime.h"
+#include "pipeoffload/trace.h"
+#if defined(PO_BENCH_WITH_GPT)
+#include "examples/gpt/cuda/gpt_layer_stack.h"
+#endif
 
 namespace pipeoffload::bench {
 namespace {
 
 constexpr int kNoGpuExitCode = 77;
 constexpr double kWaitTimeoutSeconds = 120.0;
+constexpr int kGemmRateSize = 8192;
+constexpr int kGemmRateReps = 10;
+constexpr std::int64_t kLinkProbeBytes = std::int64_t{512} << 20;
+constexpr std::uint64_t kSeed = 1;
 
-// One stage's long-lived pieces, shared by every policy.
+#if defined(PO_BENCH_WITH_GPT)
+constexpr bool kHaveGpt = true;
+gpt::cuda::LayerStackShape GptShape(const BenchOptions& options, const Layout& layout) {
+  gpt::cuda::LayerStackShape shape;
+  shape.hidden = options.hidden;
+  shape.heads = options.Heads();
+  shape.seq = options.sequence;
+  shape.batch = 1;
+  shape.layers_per_chunk = layout.layers_per_chunk;
+  shape.chunks_per_stage = layout.chunks;
+  shape.seed = kSeed;
+  return shape;
+}
+#else
+constexpr bool kHaveGpt = false;
+#endif
+
+std::string ModelName(const BenchOptions& options) {
+  if (!options.model.empty()) return options.model;
+  return kHaveGpt ? "gpt" : "gemm";
+}
+
+GemmShape GemmShapeOf(const BenchOptions& options, const Layout& layout) {
+  GemmShape shape;
+  shape.hidden = options.hidden;
+  shape.sequence = options.sequence;
+  shape.layers_per_chunk = layout.layers_per_chunk;
+  shape.chunks_per_stage = layout.chunks;
+  return shape;
+}
+
+absl::Status CheckModel(const BenchOptions& options, const Layout& layout) {
+  if (ModelName(options) == "gemm") return CheckGemmShape(GemmShapeOf(options, layout));
+#if defined(PO_BENCH_WITH_GPT)
+  return gpt::cuda::CheckLayerStackShape(GptShape(options, layout));
+#else
+  return absl::UnimplementedError(
+      "--model=gpt: this build has no CUDA GPT layer stack (target po_gpt_cuda); use "
+      "--model=gemm");
+#endif
+}
+
+// Saved and boundary bytes of a chunk of `layout` without a GPU (for --dry-run).
+ChunkCosts EstimatedCosts(const BenchOptions& options, const Layout& layout) {
+  ChunkCosts costs;
+  costs.times = EstimatedChunkTimes(options);
+  const GemmShape gemm = GemmShapeOf(options, layout);
+  costs.saved_bytes = gemm.SavedBytes();
+  costs.boundary_bytes = gemm.BoundaryBytes();
+#if defined(PO_BENCH_WITH_GPT)
+  if (ModelName(options) == "gpt") {
+    const gpt::cuda::LayerStackShape shape = GptShape(options, layout);
+    costs.saved_bytes = shape.SavedBytes();
+    costs.boundary_bytes = shape.BoundaryBytes();
+  }
+#endif
+  return costs;
+}
+
+absl::StatusOr<std::unique_ptr<StageModel>> CreateModel(Backend& backend,
+                                                        const BenchOptions& options,
+                                                        const Layout& layout) {
+  if (ModelName(options) == "gemm") {
+    return CreateGemmStageModel(backend, GemmShapeOf(options, layout));
+  }
+#if defined(PO_BENCH_WITH_GPT)
+  return gpt::cuda::CreateCudaGptLayerStack(backend, GptShape(options, layout));
+#else
+  return CheckModel(options, layout);
+#endif
+}
+
+absl::StatusOr<std::int64_t> DeviceUsedBytes() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  PO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<std::int64_t>(total_bytes - free_bytes);
+}
+
+// One stage's long-lived pieces, shared by every policy of one layout.
 struct StageRig {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<StageModel> model;
+  std::unique_ptr<StageModel> model;  // destroyed before its backend
+  std::int64_t model_bytes = 0;       // device memory the model took (cudaMemGetInfo)
 };
 
-struct PolicyResult {
-  std::string name;
-  std::vector<double> step_seconds;
-  std::vector<std::int64_t> stash_peak;  // [stage], max over steps
-  std::int64_t offloaded_bytes = 0;      // per step, all stages
-  double offload_bytes_timed = 0.0;      // OFFLOAD bytes of the last step ...
-  double offload_seconds = 0.0;          // ... and the sum of their copy durations
-  double predicted_step = 0.0;
-  std::vector<std::int64_t> predicted_peak;
+absl::StatusOr<std::vector<StageRig>> BuildRigs(const BenchOptions& options,
+                                                const Layout& layout) {
+  std::vector<StageRig> rigs;
+  for (int d = 0; d < options.stages; ++d) {
+    StageRig rig;
+    PO_ASSIGN_OR_RETURN(rig.backend, CreateCudaBackend({/*device=*/0}));
+    PO_RETURN_IF_ERROR(rig.backend->Synchronize(kWaitTimeoutSeconds));
+    PO_ASSIGN_OR_RETURN(const std::int64_t before, DeviceUsedBytes());
+    absl::StatusOr<std::unique_ptr<StageModel>> model = CreateModel(*rig.backend, options, layout);
+    if (!model.ok()) return Annotate(model.status(), absl::StrCat("stage ", d, "'s model"));
+    rig.model = std::move(*model);
+    PO_RETURN_IF_ERROR(rig.backend->Synchronize(kWaitTimeoutSeconds));
+    PO_ASSIGN_OR_RETURN(const std::int64_t after, DeviceUsedBytes());
+    rig.model_bytes = after - before;
+    rigs.push_back(std::move(rig));
+  }
+  return rigs;
+}
+
+using SpanList = std::vector<std::pair<double, double>>;  // [start, end) on NowSeconds' clock
+
+// Forwards to a stage's model and records an event on the compute queue before and after each
+// call, so the GPU-side span of every chunk is known (the executor times the host-side call,
+// which returns once the kernels are enqueued). An op's span runs from when its stream reached
+// it to when its last kernel finished; the union over stages is the time the GPU had work.
+class EventTimedModel final : public StageModel {
+ public:
+  EventTimedModel(StageModel& inner, Backend& backend) : inner_(inner), backend_(backend) {}
+  ~EventTimedModel() override {
+    for (const Event& event : events_) backend_.DestroyEvent(event);
+  }
+
+  // Events for `calls` model calls per step (created now: none in the steady state).
+  absl::Status Prepare(int calls) {
+    while (static_cast<int>(events_.size()) < 2 * calls) {
+      PO_ASSIGN_OR_RETURN(const Event event, backend_.CreateEvent());
+      events_.push_back(event);
+    }
+    return absl::OkStatus();
+  }
+  void StartStep() { next_ = 0; }
+  // The step's spans, on NowSeconds' clock. REQUIRES: the backend is idle.
+  absl::StatusOr<SpanList> Spans() {
+    SpanList spans;
+    for (std::size_t i = 0; i + 1 < next_; i += 2) {
+      PO_ASSIGN_OR_RETURN(const double start, backend_.EventTime(events_[i]));
+      PO_ASSIGN_OR_RETURN(const double end, backend_.EventTime(events_[i + 1]));
+      spans.emplace_back(start, end);
+    }
+    return spans;
+  }
+
+  std::int64_t SavedBytes(int chunk, bool split) const override {
+    return inner_.SavedBytes(chunk, split);
+  }
+  std::int64_t BoundaryBytes() const override { return inner_.BoundaryBytes(); }
+  absl::Status Forward(int mb, int chunk, const void* input, void* output, void* saved) override {
+    PO_RETURN_IF_ERROR(Mark());
+    PO_RETURN_IF_ERROR(inner_.Forward(mb, chunk, input, output, saved));
+    return Mark();
+  }
+  absl::Status Backward(int mb, int chunk, const void* grad_output, void* grad_input,
+                        void* saved, bool with_weight_grad) override {
+    PO_RETURN_IF_ERROR(Mark());
+    PO_RETURN_IF_ERROR(
+        inner_.Backward(mb, chunk, grad_output, grad_input, saved, with_weight_grad));
+    return Mark();
+  }
+  absl::Status BackwardWeight(int mb, int chunk, void* saved) override {
+    PO_RETURN_IF_ERROR(Mark());
+    PO_RETURN_IF_ERROR(inner_.BackwardWeight(mb, chunk, saved));
+    return Mark();
+  }
+
+ private:
+  absl::Status Mark() {
+    if (next_ >= events_.size()) {
+      return absl::InternalError("EventTimedModel: more model calls than the program has");
+    }
+    return backend_.RecordEvent(events_[next_++], backend_.queue(QueueKind::kCompute));
+  }
+
+  StageModel& inner_;
+  Backend& backend_;
+  std::vector<Event> events_;
+  std::size_t next_ = 0;
 };
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
+// Length of the union of `spans`.
+double UnionLength(SpanList spans) {
+  std::sort(spans.begin(), spans.end());
+  double total = 0.0, start = 0.0, end = -1e300;
+  for (const auto& [a, b] : spans) {
+    if (a > end) {
+      if (end > start) total += end - start;
+      start = a;
+      end = b;
+    } else {
+      end = std::max(end, b);
+    }
+  }
+  if (end > start) total += end - start;
+  return total;
 }
 
 struct StepResult {
@@ -102,13 +282,17 @@ absl::StatusOr<StepResult> RunStep(std::vector<std::unique_ptr<Executor>>& execu
   return step;
 }
 
-absl::StatusOr<PolicyResult> RunPolicy(const BenchOptions& options, const PlannedPolicy& plan,
-                                       std::vector<StageRig>& rigs) {
+absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPolicy& plan,
+                                    const LinkFigures& link, std::vector<StageRig>& rigs) {
   const Schedule& schedule = plan.schedule;
   const int p = options.stages;
-  PolicyResult result;
+  PolicyRun result;
   result.name = plan.name;
-  result.predicted_step = schedule.predictions->step_time;
+  result.auto_choice = plan.auto_choice;
+  result.predicted_step = plan.shared.step_time;
+  result.predicted_serial = plan.shared.compute_work;
+  result.planner_step = schedule.predictions->step_time;
+  result.warnings = static_cast<int>(schedule.predictions->warnings.size());
   for (const StagePrediction& stage : schedule.predictions->stages) {
     result.predicted_peak.push_back(stage.peak_bytes);
   }
@@ -120,6 +304,16 @@ absl::StatusOr<PolicyResult> RunPolicy(const BenchOptions& options, const Planne
   }
   PO_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Transport>> transports,
                       CreateLocalTransports(p, transport_options));
+  std::vector<std::unique_ptr<EventTimedModel>> timed;  // outlive the executors
+  for (int d = 0; d < p; ++d) {
+    StageRig& rig = rigs[static_cast<std::size_t>(d)];
+    timed.push_back(std::make_unique<EventTimedModel>(*rig.model, *rig.backend));
+    int calls = 0;
+    for (const Op& op : schedule.stages[static_cast<std::size_t>(d)].ops) {
+      calls += IsCompute(op.kind) ? 1 : 0;
+    }
+    PO_RETURN_IF_ERROR(timed.back()->Prepare(calls));
+  }
   std::vector<std::unique_ptr<DeviceArena>> arenas;
   std::vector<std::unique_ptr<Executor>> executors;
   ExecutorOptions executor_options;
@@ -132,34 +326,69 @@ absl::StatusOr<PolicyResult> RunPolicy(const BenchOptions& options, const Planne
     PO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceArena> arena,
                         DeviceArena::Create(*rig.backend, arena_options));
     absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(
-        schedule.spec, schedule.stages[static_cast<std::size_t>(d)], *rig.model, *rig.backend,
-        *arena, *transports[static_cast<std::size_t>(d)], executor_options);
+        schedule.spec, schedule.stages[static_cast<std::size_t>(d)],
+        *timed[static_cast<std::size_t>(d)], *rig.backend, *arena,
+        *transports[static_cast<std::size_t>(d)], executor_options);
     if (!executor.ok()) {
       return Annotate(executor.status(), absl::StrCat(plan.name, ": stage ", d));
     }
+    result.arena_bytes.push_back(arena_options.budget_bytes);
+    result.model_bytes.push_back(rig.model_bytes);
     arenas.push_back(std::move(arena));
     executors.push_back(std::move(*executor));
   }
+  PO_ASSIGN_OR_RETURN(result.device_used_bytes, DeviceUsedBytes());
   result.stash_peak.assign(static_cast<std::size_t>(p), 0);
   for (int step = 0; step < options.warmup + options.steps; ++step) {
+    for (auto& model : timed) model->StartStep();
     absl::StatusOr<StepResult> ran = RunStep(executors, rigs);
     if (!ran.ok()) return Annotate(ran.status(), absl::StrCat(plan.name, ": step ", step));
     if (step < options.warmup) continue;
     result.step_seconds.push_back(ran->seconds);
-    const std::vector<IterationStats>* stats = &ran->stats;
     result.offloaded_bytes = 0;
-    result.offload_bytes_timed = 0.0;
-    result.offload_seconds = 0.0;
-    for (const IterationStats& stage : *stats) {
+    result.wait_seconds.clear();
+    result.release_wait.clear();
+    result.barrier_wait.clear();
+    SpanList spans;
+    for (auto& model : timed) {
+      PO_ASSIGN_OR_RETURN(const SpanList mine, model->Spans());
+      spans.insert(spans.end(), mine.begin(), mine.end());
+    }
+    result.gpu_busy = UnionLength(std::move(spans));
+    std::vector<CopyInterval> copies;
+    for (const IterationStats& stage : ran->stats) {
       auto& peak = result.stash_peak[static_cast<std::size_t>(stage.stage)];
       peak = std::max(peak, stage.stash_high_water_bytes);
       result.offloaded_bytes += stage.offloaded_bytes;
+      result.wait_seconds.push_back(stage.wait_seconds);
+      double release = 0.0, barrier = 0.0;
       for (const TimedOp& op : stage.ops) {
-        if (op.op.kind != OpKind::kOffload || !(op.end > op.start)) continue;
-        result.offload_bytes_timed += static_cast<double>(op.bytes);
-        result.offload_seconds += op.end - op.start;
+        if (op.op.kind == OpKind::kRelease) release += op.end - op.start;
+        if (op.op.kind == OpKind::kBarrier) barrier += op.end - op.start;
+      }
+      result.release_wait.push_back(release);
+      result.barrier_wait.push_back(barrier);
+      for (const TimedOp& op : stage.ops) {
+        if (op.op.kind == OpKind::kOffload || op.op.kind == OpKind::kReload) {
+          copies.push_back({op.op.kind == OpKind::kOffload, op.start, op.end, op.bytes});
+        }
       }
     }
+    const LinkUse use = SummarizeCopies(copies, link.d2h, link.h2d, link.duplex);
+    if (!options.trace_dir.empty() && step == options.warmup + options.steps - 1) {
+      // The last step as a Perfetto / Chrome trace (one process per stage, one track per
+      // engine), to look at which op waited for what.
+      absl::StatusOr<Timeline> measured = MeasuredTimeline(ran->stats);
+      if (!measured.ok()) return Annotate(measured.status(), plan.name);
+      const std::string path = absl::StrCat(options.trace_dir, "/pipeline_bench_h",
+                                            options.hidden, "_", plan.name, ".json");
+      std::ofstream file(path);
+      file << TimelineToTraceJson(schedule, *measured, 1e6);
+      if (!file) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+    }
+    result.offload_gbs = use.d2h_gbs;
+    result.reload_gbs = use.h2d_gbs;
+    result.link_efficiency = use.efficiency;
   }
   // Executors before arenas before transports: queued work ends in the executors' teardown.
   executors.clear();
@@ -167,46 +396,190 @@ absl::StatusOr<PolicyResult> RunPolicy(const BenchOptions& options, const Planne
   return result;
 }
 
-std::string Gb(double bytes) { return absl::StrFormat("%.2f", bytes / 1e9); }
+bool SameModel(const Layout& a, const Layout& b) {
+  return a.chunks == b.chunks && a.layers_per_chunk == b.layers_per_chunk;
+}
 
-std::string Table(const BenchOptions& options, const ChunkTimes& times,
-                  const std::vector<PolicyResult>& results) {
-  const GemmShape shape = options.Shape();
-  const double flops_per_step = 3.0 * shape.ForwardFlops() * options.stages *
-                                options.chunks * options.Microbatches();
-  const double serial = options.stages * options.chunks * options.Microbatches() *
-                        (times.forward + times.backward);
-  std::string out = absl::StrFormat(
-      "### pipeline_bench h=%d s=%d layers/chunk=%d p=%d m=%d v=%d family=%s (one GPU)\n\n"
-      "chunk F %.2f ms, B %.2f ms (alone); saved %s GB per entry; serial bound %.3f s; PCIe "
-      "%.0f/%.0f GB/s solo/duplex in the cost model\n\n",
-      options.hidden, options.sequence, options.layers_per_chunk, options.stages,
-      options.Microbatches(), options.chunks, options.family, times.forward * 1e3,
-      times.backward * 1e3, Gb(static_cast<double>(shape.SavedBytes())), serial,
-      options.pcie_gbs, options.duplex_gbs);
-  absl::StrAppend(&out,
-                  "| policy | step s (median) | overhead vs 1f1b | TFLOP/s | stash peak GB "
-                  "measured/predicted per stage | offloaded GB/step | offload GB/s | predicted "
-                  "step s |\n|---|---|---|---|---|---|---|---|\n");
-  std::optional<double> base;
-  for (const PolicyResult& r : results) {
-    if (r.name == "1f1b") base = Median(r.step_seconds);
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+absl::Status AppendFile(const std::string& path, const std::string& text) {
+  if (path.empty()) return absl::OkStatus();
+  std::ofstream file(path, std::ios::app);
+  file << text;
+  if (!file) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status Summarize(const BenchOptions& options) {
+  PO_ASSIGN_OR_RETURN(const std::string runs_text, ReadFile(options.summarize));
+  absl::StatusOr<std::vector<BenchRun>> runs = ParseRuns(runs_text);
+  if (!runs.ok()) return Annotate(runs.status(), options.summarize);
+  std::vector<PeerRun> peers;
+  if (!options.peer.empty()) {
+    PO_ASSIGN_OR_RETURN(const std::string peer_text, ReadFile(options.peer));
+    absl::StatusOr<std::vector<PeerRun>> parsed = ParsePeers(peer_text);
+    if (!parsed.ok()) return Annotate(parsed.status(), options.peer);
+    peers = std::move(*parsed);
   }
-  for (const PolicyResult& r : results) {
-    const double step = Median(r.step_seconds);
-    std::string peaks;
-    for (std::size_t d = 0; d < r.stash_peak.size(); ++d) {
-      absl::StrAppend(&peaks, d == 0 ? "" : ", ", Gb(static_cast<double>(r.stash_peak[d])), "/",
-                      Gb(static_cast<double>(r.predicted_peak[d])));
+  const std::string checklist = Checklist(*runs, peers);
+  std::printf("%s", checklist.c_str());
+  return AppendFile(options.out, checklist + "\n");
+}
+
+absl::Status DryRun(const BenchOptions& options) {
+  const Layout layout = PolicyLayout(options, "none");
+  PO_RETURN_IF_ERROR(CheckModel(options, layout));
+  const ChunkCosts costs = EstimatedCosts(options, layout);
+  std::printf("(--dry-run: F and B %s, link 55.3/55.3/46 GB/s)\n",
+              options.forward_ms > 0 ? "as given" : "estimated at 600 TFLOP/s");
+  BenchOptions each = options;
+  bool failed = false;
+  for (const std::string& policy : options.policies) {
+    each.policies = {policy};
+    absl::StatusOr<std::vector<PlannedPolicy>> plans = PlanPolicies(each, costs, LinkFigures{});
+    if (!plans.ok()) {
+      std::printf("%s: %s\n", policy.c_str(), plans.status().ToString().c_str());
+      failed = true;
+      continue;
     }
-    absl::StrAppendFormat(
-        &out, "| %s | %.4f | %s | %.1f | %s | %s | %s | %.4f |\n", r.name, step,
-        base ? absl::StrFormat("%+.1f%%", (step / *base - 1.0) * 100.0) : std::string("n/a"),
-        flops_per_step / step / 1e12, peaks, Gb(static_cast<double>(r.offloaded_bytes)),
-        r.offload_seconds > 0 ? Gb(r.offload_bytes_timed / r.offload_seconds) : "-",
-        r.predicted_step);
+    std::printf("%s", PlansToText(options, costs, *plans).c_str());
   }
-  return out;
+  return failed ? absl::InvalidArgumentError("a policy could not be planned (see above)")
+                : absl::OkStatus();
+}
+
+absl::Status Bench(const BenchOptions& options) {
+  const Layout layout = PolicyLayout(options, "none");
+  PO_RETURN_IF_ERROR(CheckModel(options, layout));
+  PO_RETURN_IF_ERROR(CheckModel(options, PolicyLayout(options, "1f1b")));
+  absl::StatusOr<std::vector<StageRig>> rigs = BuildRigs(options, layout);
+  if (!rigs.ok()) return rigs.status();
+  Layout rig_layout = layout;
+  // Chunk 0 of stage 1 is a middle virtual stage (reads its input, writes its input gradient),
+  // like most chunks of the pipeline; stage 0's first chunk skips the input gradient.
+  const std::size_t probe = options.stages > 1 ? 1 : 0;
+  Backend& backend = *(*rigs)[probe].backend;
+  StageModel& model = *(*rigs)[probe].model;
+
+  BenchRun run;
+  run.model = ModelName(options);
+  run.hidden = options.hidden;
+  run.heads = options.Heads();
+  run.sequence = options.sequence;
+  run.stages = options.stages;
+  run.microbatches = options.Microbatches();
+  run.chunks = options.chunks;
+  run.layers_per_chunk = options.layers_per_chunk;
+  run.family = options.family;
+  run.model_flops_per_step = ModelFlopsPerStep(options);
+  PO_ASSIGN_OR_RETURN(run.gemm_flops, MeasureGemmRate(backend, kGemmRateSize, kGemmRateReps));
+  ChunkCosts costs;
+  PO_ASSIGN_OR_RETURN(costs.times, MeasureChunkTimes(backend, model, options.reps));
+  costs.saved_bytes = model.SavedBytes(0, false);
+  costs.boundary_bytes = model.BoundaryBytes();
+  run.forward_s = costs.times.forward;
+  run.backward_s = costs.times.backward;
+  run.entry_bytes = costs.saved_bytes;
+  LinkFigures link;
+  if (options.pcie_gbs > 0 && options.duplex_gbs > 0) {
+    link = LinkFigures{options.pcie_gbs * 1e9, options.pcie_gbs * 1e9, options.duplex_gbs * 1e9};
+  } else {
+    PO_ASSIGN_OR_RETURN(link, MeasureLink(backend, kLinkProbeBytes, 5));
+  }
+  run.d2h_gbs = link.d2h / 1e9;
+  run.h2d_gbs = link.h2d / 1e9;
+  run.duplex_gbs = link.duplex / 1e9;
+  std::fprintf(stderr,
+               "pipeline_bench: h=%d GEMM %.0f TFLOP/s, chunk F %.3f ms B %.3f ms, link %.1f / "
+               "%.1f / %.1f GB/s\n",
+               options.hidden, run.gemm_flops / 1e12, costs.times.forward * 1e3,
+               costs.times.backward * 1e3, run.d2h_gbs, run.h2d_gbs, run.duplex_gbs);
+  // Each policy planned alone: one that cannot be planned (auto over its budget) is reported,
+  // and the others still run.
+  std::int64_t budget = static_cast<std::int64_t>(options.budget_gb * 1e9);
+  if (budget == 0) {
+    PO_ASSIGN_OR_RETURN(const PlannedPolicy base,
+                        PlanPolicy(options, "1f1b", costs, options.layers_per_chunk, link, 0));
+    budget = static_cast<std::int64_t>(static_cast<double>(MaxPeakBytes(base.schedule)) *
+                                       options.budget_fraction);
+  }
+  std::vector<std::optional<PlannedPolicy>> plans;
+  std::vector<PolicyRun> results(options.policies.size());
+  for (std::size_t i = 0; i < options.policies.size(); ++i) {
+    results[i].name = options.policies[i];
+    results[i].order = LayoutName(PolicyLayout(options, options.policies[i]));
+    absl::StatusOr<PlannedPolicy> plan =
+        PlanPolicy(options, options.policies[i], costs, options.layers_per_chunk, link, budget);
+    if (!plan.ok()) {
+      results[i].error = std::string(plan.status().message());
+      plans.emplace_back();
+      std::fprintf(stderr, "pipeline_bench: %s\n", plan.status().ToString().c_str());
+      continue;
+    }
+    std::fprintf(stderr, "%s", PlansToText(options, costs, {*plan}).c_str());
+    plans.push_back(*std::move(plan));
+  }
+
+  // Policies on the rigs' layout first, then the others (the 1f1b baseline when v > 1).
+  bool failed = false;
+  for (const bool same : {true, false}) {
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      if (!plans[i].has_value() || SameModel(plans[i]->layout, layout) != same) continue;
+      PlannedPolicy& plan = *plans[i];
+      if (!SameModel(plan.layout, rig_layout)) {
+        if (rigs.ok()) rigs->clear();  // free the old models before the new ones allocate
+        rigs = BuildRigs(options, plan.layout);
+        if (!rigs.ok()) {
+          std::fprintf(stderr, "pipeline_bench: %s\n", rigs.status().ToString().c_str());
+          results[i].error = std::string(rigs.status().message());
+          failed = true;
+          rig_layout = Layout{Family::k1F1B, 0, 0};  // no model: the next policy rebuilds
+          continue;
+        }
+        rig_layout = plan.layout;
+        // Re-plan with this model's own bytes (times: the measured chunk's, rescaled).
+        ChunkCosts rebuilt =
+            RescaleChunk(costs, options.layers_per_chunk, plan.layout.layers_per_chunk);
+        rebuilt.saved_bytes = (*rigs)[0].model->SavedBytes(0, false);
+        absl::StatusOr<PlannedPolicy> replanned = PlanPolicy(
+            options, plan.name, rebuilt, plan.layout.layers_per_chunk, link, budget);
+        if (!replanned.ok()) {
+          results[i].error = std::string(replanned.status().message());
+          failed = true;
+          continue;
+        }
+        plan = *std::move(replanned);
+      }
+      std::fprintf(stderr, "pipeline_bench: running %s (%s)\n", plan.name.c_str(),
+                   LayoutName(plan.layout).c_str());
+      absl::StatusOr<PolicyRun> result = RunPolicy(options, plan, link, *rigs);
+      if (!result.ok()) {
+        std::fprintf(stderr, "pipeline_bench: %s\n", result.status().ToString().c_str());
+        results[i].error = std::string(result.status().message());
+        failed = true;
+        continue;
+      }
+      results[i] = *std::move(result);
+      results[i].order = LayoutName(plan.layout);
+      const std::string base = SplitPolicyName(plan.name).base;
+      if (base != "1f1b" && base != "none") {
+        absl::StrAppendFormat(&results[i].order, ", planned at %gx", plan.planner_scale);
+      }
+    }
+  }
+  run.policies = std::move(results);
+  const std::string table = RunToMarkdown(run);
+  std::printf("%s\n", table.c_str());
+  PO_RETURN_IF_ERROR(AppendFile(options.out, table + "\n"));
+  PO_RETURN_IF_ERROR(AppendFile(options.json, RunToJsonLine(run)));
+  if (failed) return absl::InternalError("a policy failed to run (its row says why)");
+  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -217,52 +590,20 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const BenchOptions& options = *parsed;
-  auto fail = [](const absl::Status& status) {
+  auto finish = [](const absl::Status& status) {
+    if (status.ok()) return 0;
     std::fprintf(stderr, "pipeline_bench: %s\n", status.ToString().c_str());
     return 1;
   };
-  if (options.dry_run) {
-    const ChunkTimes times = EstimatedChunkTimes(options);
-    absl::StatusOr<std::vector<PlannedPolicy>> plans = PlanPolicies(options, times);
-    if (!plans.ok()) return fail(plans.status());
-    std::printf("%s", PlansToText(options, times, *plans).c_str());
-    return 0;
-  }
+  if (!options.summarize.empty()) return finish(Summarize(options));
+  if (options.dry_run) return finish(DryRun(options));
   absl::StatusOr<int> devices = CudaDeviceCount();
-  if (!devices.ok()) return fail(devices.status());
+  if (!devices.ok()) return finish(devices.status());
   if (*devices == 0) {
     std::fprintf(stderr, "pipeline_bench: no usable GPU; skipping\n");
     return kNoGpuExitCode;
   }
-  std::vector<StageRig> rigs;
-  for (int d = 0; d < options.stages; ++d) {
-    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend({/*device=*/0});
-    if (!backend.ok()) return fail(backend.status());
-    absl::StatusOr<std::unique_ptr<StageModel>> model =
-        CreateGemmStageModel(**backend, options.Shape());
-    if (!model.ok()) return fail(model.status());
-    rigs.push_back(StageRig{std::move(*backend), std::move(*model)});
-  }
-  absl::StatusOr<ChunkTimes> times =
-      MeasureChunkTimes(*rigs[0].backend, *rigs[0].model, options.reps);
-  if (!times.ok()) return fail(times.status());
-  absl::StatusOr<std::vector<PlannedPolicy>> plans = PlanPolicies(options, *times);
-  if (!plans.ok()) return fail(plans.status());
-  std::vector<PolicyResult> results;
-  for (const PlannedPolicy& plan : *plans) {
-    std::fprintf(stderr, "pipeline_bench: running %s\n", plan.name.c_str());
-    absl::StatusOr<PolicyResult> result = RunPolicy(options, plan, rigs);
-    if (!result.ok()) return fail(result.status());
-    results.push_back(std::move(*result));
-  }
-  const std::string table = Table(options, *times, results);
-  std::printf("%s\n", table.c_str());
-  if (!options.out.empty()) {
-    std::ofstream file(options.out, std::ios::app);
-    file << table << "\n";
-    if (!file) return fail(absl::UnavailableError(absl::StrCat("cannot write ", options.out)));
-  }
-  return 0;
+  return finish(Bench(options));
 }
 
 }  // namespace

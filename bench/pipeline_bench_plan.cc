@@ -2,8 +2,11 @@
 #include "bench/pipeline_bench_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,88 +19,99 @@ namespace pipeoffload::bench {
 namespace {
 
 constexpr std::int64_t kArenaAlignment = 256;  // DeviceArenaOptions' default
+constexpr double kDryRunFlopsPerSecond = 600e12;
 
 std::int64_t AlignUp(std::int64_t bytes) {
   return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
 }
 
-absl::Status BadFlag(const std::string& flag, const std::string& value, const char* accepts) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("bad ", flag, "=", value, ": expected ", accepts));
+absl::Status BadFlag(const std::string& flag, const std::string& value,
+                     const std::string& accepts) {
+  return absl::InvalidArgumentError(absl::StrCat("bad ", flag, "=", value, ": expected ", accepts));
 }
 
 absl::Status ParseIntFlag(const std::string& flag, const std::string& value, int low, int high,
                           int* out) {
   int parsed = 0;
   if (!absl::SimpleAtoi(value, &parsed) || parsed < low || parsed > high) {
-    return BadFlag(flag, value, absl::StrCat("an integer in [", low, ", ", high, "]").c_str());
+    return BadFlag(flag, value, absl::StrCat("an integer in [", low, ", ", high, "]"));
   }
   *out = parsed;
   return absl::OkStatus();
 }
 
 absl::Status ParseDoubleFlag(const std::string& flag, const std::string& value, double low,
-                             double* out) {
+                             double high, double* out) {
   double parsed = 0.0;
-  if (!absl::SimpleAtod(value, &parsed) || !(parsed >= low)) {
-    return BadFlag(flag, value, absl::StrCat("a number >= ", low).c_str());
+  if (!absl::SimpleAtod(value, &parsed) || !(parsed >= low) || !(parsed <= high)) {
+    return BadFlag(flag, value, absl::StrCat("a number in [", low, ", ", high, "]"));
   }
   *out = parsed;
   return absl::OkStatus();
 }
 
-bool KnownPolicy(const std::string& name) {
-  return name == "1f1b" || name == "po-h" || name == "po-f" || name == "selective" ||
-         name == "auto";
+bool KnownBase(const std::string& name) {
+  return name == "1f1b" || name == "none" || name == "po-h" || name == "po-f" ||
+         name == "selective" || name == "auto";
 }
 
-absl::StatusOr<Schedule> CompilePolicy(const BenchOptions& options, const CostModel& cost,
-                                       const std::string& policy, std::int64_t budget_bytes) {
+bool KnownPolicy(const std::string& name) {
+  const PolicyName split = SplitPolicyName(name);
+  if (!KnownBase(split.base)) return false;
+  const bool offloads = split.base != "1f1b" && split.base != "none";
+  if (split.scale < 0.0 || (!offloads && (split.scale != 0.0 || split.split_link))) return false;
+  return split.scale == 0.0 || split.scale >= 1.0;
+}
+
+PipelineSpec PolicySpec(const BenchOptions& options, const std::string& name,
+                        const Layout& layout, std::int64_t budget_bytes) {
+  const std::string policy = SplitPolicyName(name).base;
   PipelineSpec spec;
-  spec.family = *FamilyFromName(options.family);
+  spec.family = layout.family;
   spec.num_stages = options.stages;
   spec.num_microbatches = options.Microbatches();
-  spec.chunks_per_stage = options.chunks;
-  if (policy == "1f1b") {
+  spec.chunks_per_stage = layout.chunks;
+  if (policy == "1f1b" || policy == "none") {
     spec.offload = OffloadPolicy::kNone;
   } else {
     spec.offload = *OffloadPolicyFromName(policy);
   }
-  spec.offload_fraction = options.offload_fraction;
-  spec.memory_budget_bytes = budget_bytes;
-  absl::StatusOr<Schedule> schedule = Compile(spec, cost);
-  if (!schedule.ok()) return Annotate(schedule.status(), absl::StrCat("policy ", policy));
-  if (!schedule->predictions.has_value()) {
-    return absl::InternalError(absl::StrCat("policy ", policy, ": Compile gave no predictions"));
-  }
-  return schedule;
-}
-
-// REQUIRES: schedule.predictions (CompilePolicy checks).
-std::int64_t MaxPeakBytes(const Schedule& schedule) {
-  std::int64_t peak = 0;
-  const std::vector<StagePrediction>& stages = schedule.predictions.value().stages;
-  for (std::size_t d = 0; d < stages.size(); ++d) peak = std::max(peak, stages[d].peak_bytes);
-  return peak;
+  spec.offload_fraction = policy == "selective" ? options.offload_fraction : 0.0;
+  spec.memory_budget_bytes = policy == "auto" ? budget_bytes : 0;
+  return spec;
 }
 
 }  // namespace
 
-const char kBenchUsage[] =
-    "usage: pipeline_bench [--hidden=4096] [--seq=2048] [--layers-per-chunk=1] "
-    "[--microbatches=4p] [--stages=4] [--family=1f1b|interleaved|group-interleaved] "
-    "[--chunks=1] [--policy=P | --policies=P,P,...|all] (P: 1f1b|po-h|po-f|selective|auto) "
-    "[--offload-fraction=0.5] [--budget-gb=G] [--steps=5] [--warmup=2] [--reps=5] "
-    "[--pcie-gbs=55] [--duplex-gbs=46] [--out=PATH] [--dry-run]\n";
-
-GemmShape BenchOptions::Shape() const {
-  GemmShape shape;
-  shape.hidden = hidden;
-  shape.sequence = sequence;
-  shape.layers_per_chunk = layers_per_chunk;
-  shape.chunks_per_stage = chunks;
-  return shape;
+PolicyName SplitPolicyName(const std::string& name) {
+  std::string rest = name;
+  bool split = false;
+  if (const std::size_t colon = rest.find(':'); colon != std::string::npos) {
+    if (rest.substr(colon) != ":split") return PolicyName{name, -1.0, false};
+    split = true;
+    rest = rest.substr(0, colon);
+  }
+  const std::size_t at = rest.find('@');
+  if (at == std::string::npos) return PolicyName{rest, 0.0, split};
+  double scale = 0.0;
+  if (!absl::SimpleAtod(rest.substr(at + 1), &scale) || !(scale > 0.0) || !std::isfinite(scale)) {
+    return PolicyName{name, -1.0, split};  // KnownPolicy rejects it
+  }
+  return PolicyName{rest.substr(0, at), scale, split};
 }
+
+const char kBenchUsage[] =
+    "usage: pipeline_bench [--model=gemm|gpt] [--hidden=4096] [--heads=h/128] [--seq=2048]\n"
+    "  [--layers-per-chunk=1] [--microbatches=4p] [--stages=4]\n"
+    "  [--family=1f1b|interleaved|group-interleaved] [--chunks=1]\n"
+    "  [--policy=P | --policies=P,P,...|all] (P: 1f1b|none|po-h|po-f|selective|auto, an\n"
+    "   offload policy optionally @C to plan it at compute factor C and/or :split for a link\n"
+    "   split p ways instead of shared; all = 1f1b,none,po-h,po-f,selective,auto)\n"
+    "  [--offload-fraction=0.5] [--budget-gb=G | --budget-fraction=0.5] [--steps=5]\n"
+    "  [--warmup=2] [--reps=5] [--pcie-gbs=G] [--duplex-gbs=G] (0 = measure)\n"
+    "  [--planner-scale=C (0 = search 1..p)] [--sim-tolerance=0.01]\n"
+    "  [--out=MD] [--json=JSONL] [--trace-dir=DIR] [--dry-run [--forward-ms=F --backward-ms=B]]\n"
+    "  or: pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n";
 
 absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
   BenchOptions options;
@@ -114,8 +128,13 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
     }
     const std::string flag = arg.substr(0, eq);
     const std::string value = arg.substr(eq + 1);
-    if (flag == "--hidden") {
+    if (flag == "--model") {
+      if (value != "gemm" && value != "gpt") return BadFlag(flag, value, "gemm or gpt");
+      options.model = value;
+    } else if (flag == "--hidden") {
       PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 64, 65536, &options.hidden));
+    } else if (flag == "--heads") {
+      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 1024, &options.heads));
     } else if (flag == "--seq") {
       PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 8, 1 << 20, &options.sequence));
     } else if (flag == "--layers-per-chunk") {
@@ -133,22 +152,27 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
       options.family = value;
     } else if (flag == "--policy" || flag == "--policies") {
       options.policies.clear();
-      if (value == "all") {
-        options.policies = {"1f1b", "po-h", "po-f"};
-      } else {
-        for (const absl::string_view name : absl::StrSplit(value, ',')) {
-          if (!KnownPolicy(std::string(name))) {
-            return BadFlag(flag, value, "1f1b, po-h, po-f, selective or auto (comma-separated), "
-                                        "or all");
+      for (const absl::string_view name : absl::StrSplit(value, ',')) {
+        std::vector<std::string> names = {std::string(name)};
+        if (name == "all") names = {"1f1b", "none", "po-h", "po-f", "selective", "auto"};
+        for (const std::string& one : names) {
+          if (!KnownPolicy(one)) {
+            return BadFlag(flag, value,
+                           "1f1b, none, po-h, po-f, selective, auto or all (comma-separated; "
+                           "an offload policy may end in @C, C >= 1, and :split)");
           }
-          options.policies.emplace_back(name);
+          if (std::find(options.policies.begin(), options.policies.end(), one) ==
+              options.policies.end()) {
+            options.policies.push_back(one);
+          }
         }
       }
     } else if (flag == "--offload-fraction") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, &options.offload_fraction));
-      if (options.offload_fraction > 1.0) return BadFlag(flag, value, "a number in [0, 1]");
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1.0, &options.offload_fraction));
     } else if (flag == "--budget-gb") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, &options.budget_gb));
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.budget_gb));
+    } else if (flag == "--budget-fraction") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.01, 1.0, &options.budget_fraction));
     } else if (flag == "--steps") {
       PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 10000, &options.steps));
     } else if (flag == "--warmup") {
@@ -156,55 +180,230 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
     } else if (flag == "--reps") {
       PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 1000, &options.reps));
     } else if (flag == "--pcie-gbs") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.001, &options.pcie_gbs));
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e5, &options.pcie_gbs));
     } else if (flag == "--duplex-gbs") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.001, &options.duplex_gbs));
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e5, &options.duplex_gbs));
+    } else if (flag == "--forward-ms") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.forward_ms));
+    } else if (flag == "--backward-ms") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.backward_ms));
+    } else if (flag == "--planner-scale") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1024.0, &options.planner_scale));
+    } else if (flag == "--sim-tolerance") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1.0, &options.sim_tolerance));
     } else if (flag == "--out") {
       options.out = value;
+    } else if (flag == "--json") {
+      options.json = value;
+    } else if (flag == "--trace-dir") {
+      options.trace_dir = value;
+    } else if (flag == "--summarize") {
+      options.summarize = value;
+    } else if (flag == "--peer") {
+      options.peer = value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag, "\n", kBenchUsage));
     }
   }
-  PO_RETURN_IF_ERROR(CheckGemmShape(options.Shape()));
+  if (!options.peer.empty() && options.summarize.empty()) {
+    return absl::InvalidArgumentError("--peer needs --summarize (the checklist reads both)");
+  }
+  if (options.hidden % options.Heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--heads=", options.Heads(),
+                                                   " must divide --hidden=", options.hidden));
+  }
   return options;
 }
 
-ChunkTimes EstimatedChunkTimes(const BenchOptions& options) {
-  constexpr double kAssumedFlopsPerSecond = 600e12;
-  const double forward = options.Shape().ForwardFlops() / kAssumedFlopsPerSecond;
-  return ChunkTimes{forward, 2.0 * forward};
+Layout PolicyLayout(const BenchOptions& options, const std::string& name) {
+  if (SplitPolicyName(name).base == "1f1b") {
+    return Layout{Family::k1F1B, 1, options.LayersPerStage()};
+  }
+  return Layout{*FamilyFromName(options.family), options.chunks, options.layers_per_chunk};
 }
 
-CostModel BenchCostModel(const BenchOptions& options, const ChunkTimes& times) {
-  const GemmShape shape = options.Shape();
+std::string LayoutName(const Layout& layout) {
+  std::string name(FamilyName(layout.family));
+  if (layout.family != Family::k1F1B || layout.chunks > 1) {
+    absl::StrAppend(&name, " v=", layout.chunks);
+  }
+  absl::StrAppend(&name, ", ", layout.layers_per_chunk, " layer(s)/chunk");
+  return name;
+}
+
+ChunkCosts RescaleChunk(const ChunkCosts& costs, int from_layers, int to_layers) {
+  if (from_layers == to_layers) return costs;
+  const double factor = static_cast<double>(to_layers) / from_layers;
+  ChunkCosts out = costs;
+  out.times.forward *= factor;
+  out.times.backward *= factor;
+  out.saved_bytes = costs.saved_bytes / from_layers * to_layers;
+  return out;
+}
+
+CostModel SoloCostModel(const BenchOptions& options, const ChunkCosts& costs,
+                        const LinkFigures& link) {
   CostModel cost;
-  cost.forward_time = times.forward;
-  cost.backward_time = times.backward / 2.0;
-  cost.weight_time = times.backward / 2.0;
-  cost.activation_bytes = shape.SavedBytes();
-  cost.boundary_bytes = shape.BoundaryBytes();
-  cost.d2h_bandwidth = options.pcie_gbs * 1e9;
-  cost.h2d_bandwidth = options.pcie_gbs * 1e9;
-  cost.duplex_bandwidth = options.duplex_gbs * 1e9;
-  cost.p2p_bandwidth = 1e12;  // device-to-device on one GPU
-  cost.p2p_latency = 10e-6;
+  cost.forward_time = costs.times.forward;
+  cost.backward_time = costs.times.backward / 2.0;
+  cost.weight_time = costs.times.backward / 2.0;
+  cost.activation_bytes = costs.saved_bytes;
+  cost.boundary_bytes = costs.boundary_bytes;
+  cost.d2h_bandwidth = link.d2h;
+  cost.h2d_bandwidth = link.h2d;
+  cost.duplex_bandwidth = link.duplex;
+  cost.p2p_bandwidth = 1e12;  // device-to-device on one GPU (~2 TB/s read + write)
+  cost.p2p_latency = 10e-6;   // the copier's launch and host poll
+  cost.host_link_group_size = options.stages;
   return cost;
 }
 
+CostModel PlannerCostModel(const CostModel& solo, double scale) {
+  CostModel cost = solo;
+  cost.forward_time *= scale;
+  cost.backward_time *= scale;
+  cost.weight_time *= scale;
+  return cost;
+}
+
+std::int64_t MaxPeakBytes(const Schedule& schedule) {
+  std::int64_t peak = 0;
+  for (const StagePrediction& stage : schedule.predictions.value().stages) {
+    peak = std::max(peak, stage.peak_bytes);
+  }
+  return peak;
+}
+
+namespace {
+
+// `policy` on `layout` planned at compute factor `scale`, and its one-GPU prediction.
+absl::StatusOr<PlannedPolicy> PlanAtScale(const BenchOptions& options, const std::string& policy,
+                                          const Layout& layout, const CostModel& solo,
+                                          std::int64_t auto_budget, double scale) {
+  PlannedPolicy plan;
+  plan.name = policy;
+  plan.layout = layout;
+  plan.solo = solo;
+  plan.planner_scale = scale;
+  CostModel planner = PlannerCostModel(solo, scale);
+  if (SplitPolicyName(policy).split_link) {
+    const double p = static_cast<double>(options.stages);
+    planner.host_link_group_size = 1;
+    planner.d2h_bandwidth /= p;
+    planner.h2d_bandwidth /= p;
+    planner.duplex_bandwidth /= p;
+  }
+  if (SplitPolicyName(policy).base == "auto") {
+    // Per-virtual-stage bytes hold auto to this layout's v: the model is built for one
+    // chunking, and auto would otherwise re-cut the layers into v' chunks.
+    planner.activation_bytes_per_virtual_stage.assign(
+        static_cast<std::size_t>(options.stages * layout.chunks), solo.activation_bytes);
+  }
+  absl::StatusOr<Schedule> schedule =
+      Compile(PolicySpec(options, policy, layout, auto_budget), planner);
+  if (!schedule.ok()) return Annotate(schedule.status(), absl::StrCat("policy ", policy));
+  if (!schedule->predictions.has_value()) {
+    return absl::InternalError(absl::StrCat("policy ", policy, ": Compile gave no predictions"));
+  }
+  plan.layout.family = schedule->spec.family;
+  plan.layout.chunks = schedule->spec.chunks_per_stage;
+  for (const std::string& warning : schedule->predictions->warnings) {
+    if (warning.rfind("auto: chose", 0) == 0) plan.auto_choice = warning;
+  }
+  plan.schedule = *std::move(schedule);
+  absl::StatusOr<SharedGpuPrediction> shared = SimulateSharedGpu(plan.schedule, plan.solo);
+  if (!shared.ok()) return Annotate(shared.status(), absl::StrCat("policy ", policy));
+  plan.shared = *std::move(shared);
+  return plan;
+}
+
+std::int64_t StashSum(const Schedule& schedule) {
+  std::int64_t sum = 0;
+  for (const StagePrediction& stage : schedule.predictions->stages) sum += stage.peak_bytes;
+  return sum;
+}
+
+}  // namespace
+
+absl::StatusOr<PlannedPolicy> PlanPolicy(const BenchOptions& options, const std::string& policy,
+                                         const ChunkCosts& costs, int costs_layers_per_chunk,
+                                         const LinkFigures& link, std::int64_t auto_budget) {
+  const Layout layout = PolicyLayout(options, policy);
+  const ChunkCosts chunk = RescaleChunk(costs, costs_layers_per_chunk, layout.layers_per_chunk);
+  const CostModel solo = SoloCostModel(options, chunk, link);
+  const double p = static_cast<double>(options.stages);
+  const PolicyName split = SplitPolicyName(policy);
+  const bool offloads = split.base != "1f1b" && split.base != "none";
+  std::vector<double> scales;
+  if (split.scale > 0) {
+    scales = {split.scale};
+  } else if (options.planner_scale > 0) {
+    scales = {options.planner_scale};
+  } else if (!offloads) {
+    scales = {p};
+  } else {
+    for (const double share : {1.0, 0.75, 0.5, 0.25, 0.0}) {
+      const double scale = std::max(1.0, p * share);
+      if (scales.empty() || scale < scales.back()) scales.push_back(scale);
+    }
+  }
+  // The order without offload, for the search's bound (and the table).
+  const Layout plain_layout = split.base == "1f1b" ? layout : PolicyLayout(options, "none");
+  PO_ASSIGN_OR_RETURN(PlannedPolicy plain,
+                      PlanAtScale(options, split.base == "1f1b" ? "1f1b" : "none", plain_layout,
+                                  solo, 0, p));
+  if (!offloads) {
+    plain.name = policy;
+    plain.base_step = plain.shared.step_time;
+    return plain;
+  }
+  const double bound = plain.shared.step_time * (1.0 + options.sim_tolerance);
+  std::optional<PlannedPolicy> best;
+  absl::Status first_error = absl::OkStatus();
+  const auto key = [](const PlannedPolicy& plan) {
+    return std::make_tuple(MaxPeakBytes(plan.schedule), StashSum(plan.schedule),
+                           plan.shared.step_time);
+  };
+  for (const double scale : scales) {
+    absl::StatusOr<PlannedPolicy> plan = PlanAtScale(options, policy, layout, solo, auto_budget,
+                                                     scale);
+    if (!plan.ok()) {
+      if (first_error.ok()) first_error = plan.status();
+      continue;
+    }
+    const bool fits = plan->shared.step_time <= bound;
+    const bool best_fits = best.has_value() && best->shared.step_time <= bound;
+    bool better = !best.has_value();
+    if (!better && fits != best_fits) better = fits;
+    if (!better && fits && best_fits) better = key(*plan) < key(*best);
+    if (!better && !fits && !best_fits) {
+      better = std::make_pair(plan->shared.step_time, MaxPeakBytes(plan->schedule)) <
+               std::make_pair(best->shared.step_time, MaxPeakBytes(best->schedule));
+    }
+    if (better) best = *std::move(plan);
+  }
+  if (!best.has_value()) return first_error;
+  best->base_step = plain.shared.step_time;
+  return *std::move(best);
+}
+
 absl::StatusOr<std::vector<PlannedPolicy>> PlanPolicies(const BenchOptions& options,
-                                                        const ChunkTimes& times) {
-  const CostModel cost = BenchCostModel(options, times);
+                                                        const ChunkCosts& costs,
+                                                        const LinkFigures& link) {
   std::int64_t budget = static_cast<std::int64_t>(options.budget_gb * 1e9);
-  if (budget == 0 && std::find(options.policies.begin(), options.policies.end(), "auto") !=
-                         options.policies.end()) {
-    absl::StatusOr<Schedule> base = CompilePolicy(options, cost, "1f1b", 0);
-    if (!base.ok()) return base.status();
-    budget = MaxPeakBytes(*base) / 2;
+  const bool has_auto = std::find(options.policies.begin(), options.policies.end(), "auto") !=
+                        options.policies.end();
+  if (budget == 0 && has_auto) {
+    PO_ASSIGN_OR_RETURN(const PlannedPolicy base,
+                        PlanPolicy(options, "1f1b", costs, options.layers_per_chunk, link, 0));
+    budget = static_cast<std::int64_t>(static_cast<double>(MaxPeakBytes(base.schedule)) *
+                                       options.budget_fraction);
   }
   std::vector<PlannedPolicy> plans;
   for (const std::string& policy : options.policies) {
-    PO_ASSIGN_OR_RETURN(Schedule schedule, CompilePolicy(options, cost, policy, budget));
-    plans.push_back(PlannedPolicy{policy, std::move(schedule)});
+    PO_ASSIGN_OR_RETURN(PlannedPolicy plan,
+                        PlanPolicy(options, policy, costs, options.layers_per_chunk, link, budget));
+    plans.push_back(std::move(plan));
   }
   return plans;
 }
@@ -214,8 +413,8 @@ std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t bound
       schedule.predictions->stages[static_cast<std::size_t>(stage)];
   const StageProgram& program = schedule.stages[static_cast<std::size_t>(stage)];
   // Stash: the predicted peak, each entry rounded up to the alignment.
-  const std::int64_t entry = predicted.peak_units > 0 ? predicted.peak_bytes / predicted.peak_units
-                                                      : 0;
+  const std::int64_t entry =
+      predicted.peak_units > 0 ? predicted.peak_bytes / predicted.peak_units : 0;
   const std::int64_t stash = predicted.peak_units * AlignUp(entry);
   // P2P: every block a SEND or RECV op uses could be live at once (a bound, not a prediction),
   // plus the outputs of the F/B ops that feed the sends.
@@ -224,26 +423,52 @@ std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t bound
   return stash + (p2p_ops + 2) * AlignUp(boundary_bytes) + kArenaAlignment;
 }
 
-std::string PlansToText(const BenchOptions& options, const ChunkTimes& times,
+double ModelFlopsPerStep(const BenchOptions& options) {
+  const double h = options.hidden;
+  const double s = options.sequence;
+  const double layers = static_cast<double>(options.stages) * options.LayersPerStage();
+  return (72.0 * h * h * s + 12.0 * s * s * h) * layers * options.Microbatches();
+}
+
+ChunkTimes EstimatedChunkTimes(const BenchOptions& options) {
+  const double h = options.hidden;
+  const double s = options.sequence;
+  const double forward =
+      options.forward_ms > 0
+          ? options.forward_ms / 1e3
+          : (24.0 * h * h * s + 4.0 * s * s * h) * options.layers_per_chunk / kDryRunFlopsPerSecond;
+  return ChunkTimes{forward, options.backward_ms > 0 ? options.backward_ms / 1e3 : 2.0 * forward};
+}
+
+std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
                         const std::vector<PlannedPolicy>& plans) {
   std::string out = absl::StrFormat(
-      "pipeline_bench --dry-run: h=%d s=%d layers/chunk=%d p=%d m=%d v=%d family=%s, "
-      "F %.3f ms B %.3f ms (estimated)\n",
+      "pipeline_bench plans: h=%d s=%d layers/chunk=%d p=%d m=%d v=%d family=%s; chunk F %.3f "
+      "ms, B %.3f ms alone, entry %.3f GB; planner sees compute x%d, one host link\n",
       options.hidden, options.sequence, options.layers_per_chunk, options.stages,
-      options.Microbatches(), options.chunks, options.family, times.forward * 1e3,
-      times.backward * 1e3);
+      options.Microbatches(), options.chunks, options.family, costs.times.forward * 1e3,
+      costs.times.backward * 1e3, static_cast<double>(costs.saved_bytes) / 1e9, options.stages);
   for (const PlannedPolicy& plan : plans) {
     const Predictions& predicted = *plan.schedule.predictions;
-    absl::StrAppendFormat(&out, "%s: step %.4f s (%.4f without offload)", plan.name,
-                          predicted.step_time, predicted.step_time_without_offload);
+    absl::StrAppendFormat(
+        &out,
+        "%s (%s, planned at %gx): one-GPU step %.4f s (%+.1f%% vs no offload; serial %.4f, "
+        "idle %.4f, copy stalls %.4f); planner step %.4f s (%.4f without offload)",
+        plan.name, LayoutName(plan.layout), plan.planner_scale, plan.shared.step_time,
+        plan.base_step > 0 ? (plan.shared.step_time / plan.base_step - 1) * 100 : 0.0,
+        plan.shared.compute_work, plan.shared.gpu_idle, plan.shared.copy_stall,
+        predicted.step_time, predicted.step_time_without_offload);
     for (std::size_t d = 0; d < predicted.stages.size(); ++d) {
       const StagePrediction& stage = predicted.stages[d];
       absl::StrAppendFormat(&out,
-                            " | stage %d peak %d entries %.2f GB, offload %.2f GB, arena %.2f GB",
+                            "\n  stage %d: peak %d entries %.3f GB (%d / %.3f GB without "
+                            "offload), offload %.3f GB, arena %.3f GB",
                             static_cast<int>(d), stage.peak_units, stage.peak_bytes / 1e9,
-                            stage.offloaded_bytes / 1e9,
+                            stage.peak_units_without_offload,
+                            stage.peak_bytes_without_offload / 1e9, stage.offloaded_bytes / 1e9,
                             ArenaBudget(plan.schedule, static_cast<int>(d),
-                                        options.Shape().BoundaryBytes()) / 1e9);
+                                        plan.solo.boundary_bytes) /
+                                1e9);
     }
     for (const std::string& warning : predicted.warnings) {
       absl::StrAppend(&out, "\n  warning: ", warning);

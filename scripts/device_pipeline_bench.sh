@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: pipeline_bench --policies=all (1f1b, po-h, po-f: p = 4 stages on one
-# GPU) at h = 4096 and 8192, then 2048 when --with-2048 is given, appending each markdown
-# table to $OUT/pipeline_bench.md (the device tool's output folder; else ./device-logs) and
-# each run's stderr to $OUT/pipeline_bench.log. Built on the build machine (pipeline_bench is
-# in bench/cuda of a -DPO_WITH_CUDA=ON build; `scripts/device_build_check.sh --pack` copies it).
+# Runs on the GPU machine: pipeline_bench --model=gemm --policies=1f1b,po-h,po-f (the GEMM
+# stand-in layers; p = 4 stages on one GPU, 1F1B) at h = 4096 and 8192, then 2048 when
+# --with-2048 is given, appending each markdown table to $OUT/pipeline_bench.md (the device
+# tool's output folder; else ./device-logs) and each run's stderr to $OUT/pipeline_bench.log.
+# Built on the build machine (pipeline_bench is in bench/cuda of a -DPO_WITH_CUDA=ON build;
+# `scripts/device_build_check.sh --pack` copies it). The whole issue-5 benchmark (the GPT layer
+# stack, every policy, the PyTorch peer, the checklist) is scripts/device_gpt_bench.sh.
 #
 #   scripts/device_pipeline_bench.sh [BUILD_DIR] [--with-2048] [-- EXTRA pipeline_bench FLAGS]
 #       BUILD_DIR: $PO_BUILD_DIR, else build-cuda
@@ -59,7 +61,8 @@ status=0
 for h in "${hiddens[@]}"; do
   echo "=== h=$h" | tee -a "$log"
   start=$(date +%s)
-  "$bench" --hidden="$h" --seq=2048 --policies=all --out="$md" "${extra[@]}" 2>>"$log"
+  "$bench" --model=gemm --hidden="$h" --seq=2048 --policies=1f1b,po-h,po-f --out="$md" \
+    "${extra[@]}" 2>>"$log"
   rc=$?
   echo "h=$h: exit $rc after $(( $(date +%s) - start )) s" | tee -a "$log"
   [[ $rc -eq 0 ]] || status=1

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Batches several GPU jobs into one device run (the GPU machine's time is scarce and every cold
+# start costs a minute). A job is a bash script whose second line names the executables it needs:
+#     #!/usr/bin/env bash
+#     # binaries: gpu_tests copy_bench
+# and which reads $BUILD (the packed build, paths as in the build dir) and writes its outputs to
+# $LOG (a folder of its own).
+#
+#   scripts/device_batch.sh --pack BUILD_DIR DEST JOB.sh [JOB.sh ...]     (on the build machine)
+#       copies CMakeCache.txt, every CTestTestfile.cmake, the named executables (stripped of debug
+#       info) and the job scripts into DEST; carry DEST to the GPU machine.
+#   scripts/device_batch.sh DEST [--budget SECONDS]                       (on the GPU machine)
+#       runs every job in DEST/jobs in name order, each under `timeout` (default 120 s, or the
+#       job's "# seconds: N" line), with stdout+stderr in $LOG/run.log, then packs every job's
+#       folder into $OUT/results.tar.gz (the device tool returns at most 8 files) and prints a
+#       one-line summary per job.
+# Exit status: 0 when every job exited 0.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+if [[ "${1:-}" == "--pack" ]]; then
+  if [[ $# -lt 4 || ! -f "$2/CMakeCache.txt" ]]; then
+    echo "usage: $0 --pack BUILD_DIR DEST JOB.sh [JOB.sh ...] (BUILD_DIR must hold a CMake build)" >&2
+    exit 2
+  fi
+  src=$(cd "$2" && pwd)
+  rm -rf "$3"
+  mkdir -p "$3/jobs"
+  dest=$(cd "$3" && pwd)
+  shift 3
+  cp "$src/CMakeCache.txt" "$dest/"
+  while IFS= read -r file; do
+    mkdir -p "$dest/$(dirname "$file")"
+    cp "$src/$file" "$dest/$file"
+  done < <(cd "$src" && find . -name CTestTestfile.cmake)
+  for job in "$@"; do
+    cp "$job" "$dest/jobs/"
+    read -r -a names < <(sed -n 's/^# binaries://p' "$job" | head -1)
+    for name in "${names[@]}"; do
+      found=0
+      while IFS= read -r file; do
+        mkdir -p "$dest/$(dirname "$file")"
+        strip --strip-debug -o "$dest/$file" "$src/$file"
+        found=1
+      done < <(cd "$src" && find . -name "$name" -type f -perm -u+x -not -path '*/CMakeFiles/*')
+      [[ $found -eq 1 ]] || echo "device_batch: $(basename "$job"): no executable '$name' in $src" >&2
+    done
+  done
+  du -sh "$dest"
+  exit 0
+fi
+
+if [[ $# -lt 1 || ! -d "$1/jobs" ]]; then
+  echo "usage: $0 DEST (a folder made by --pack)" >&2
+  exit 2
+fi
+pack=$(cd "$1" && pwd)
+out=${OUT:-$PWD/device-logs}
+mkdir -p "$out"
+results=$(mktemp -d)
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# cuBLAS is linked dynamically: find it when the loader cannot.
+for dir in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 \
+           $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
+  if [[ -e "$dir/libcublas.so.13" ]]; then
+    export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    break
+  fi
+done
+
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  nproc
+} >"$results/machine.txt"
+
+status=0
+for job in "$pack"/jobs/*.sh; do
+  name=$(basename "$job" .sh)
+  limit=$(sed -n 's/^# seconds: *\([0-9]*\).*/\1/p' "$job" | head -1)
+  limit=${limit:-120}
+  mkdir -p "$results/$name"
+  start=$(date +%s)
+  (cd "$root" && BUILD="$pack" LOG="$results/$name" timeout -k 10 "$limit" bash "$job") \
+    >"$results/$name/run.log" 2>&1
+  rc=$?
+  line="$name: exit $rc after $(( $(date +%s) - start )) s (limit $limit s)"
+  echo "$line" | tee -a "$results/summary.txt"
+  [[ $rc -eq 0 ]] || status=1
+done
+tar -C "$results" -czf "$out/results.tar.gz" .
+cp "$results/summary.txt" "$out/summary.txt"
+exit $status
