@@ -344,91 +344,106 @@ std::string RunToJsonLine(const BenchRun& run) {
   return line.dump() + "\n";
 }
 
-absl::StatusOr<std::vector<BenchRun>> ParseRuns(const std::string& jsonl) {
-  std::vector<BenchRun> runs;
+namespace {
+
+// The records of a JSON-lines file, one per non-blank line, each read by `read` (which gets the
+// line's object and its 1-based number); the first bad line's error names it.
+template <typename Record>
+absl::StatusOr<std::vector<Record>> ParseJsonLines(
+    const std::string& jsonl, absl::Status (*read)(const json&, int, Record&)) {
+  std::vector<Record> records;
   int line = 0;
   for (const absl::string_view text : absl::StrSplit(jsonl, '\n')) {
     ++line;
     if (absl::StripAsciiWhitespace(text).empty()) continue;
     absl::StatusOr<json> value = ParseLine(std::string(text), line);
     if (!value.ok()) return value.status();
-    BenchRun run;
-    PO_READ(*value, "model", &run.model, line);
-    PO_READ(*value, "hidden", &run.hidden, line);
-    PO_READ(*value, "heads", &run.heads, line);
-    PO_READ(*value, "sequence", &run.sequence, line);
-    PO_READ(*value, "stages", &run.stages, line);
-    PO_READ(*value, "microbatches", &run.microbatches, line);
-    PO_READ(*value, "chunks", &run.chunks, line);
-    PO_READ(*value, "layers_per_chunk", &run.layers_per_chunk, line);
-    PO_READ(*value, "family", &run.family, line);
-    PO_READ(*value, "forward_s", &run.forward_s, line);
-    PO_READ(*value, "backward_s", &run.backward_s, line);
-    PO_READ(*value, "entry_bytes", &run.entry_bytes, line);
-    PO_READ(*value, "gemm_flops", &run.gemm_flops, line);
-    PO_READ(*value, "d2h_gbs", &run.d2h_gbs, line);
-    PO_READ(*value, "h2d_gbs", &run.h2d_gbs, line);
-    PO_READ(*value, "duplex_gbs", &run.duplex_gbs, line);
-    PO_READ(*value, "model_flops_per_step", &run.model_flops_per_step, line);
-    json policies;
-    PO_READ(*value, "policies", &policies, line);
-    if (!policies.is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", line, ": \"policies\" is not a list"));
-    }
-    for (const json& p : policies) {
-      PolicyRun r;
-      PO_READ(p, "name", &r.name, line);
-      PO_READ(p, "order", &r.order, line);
-      PO_READ(p, "auto_choice", &r.auto_choice, line);
-      PO_READ(p, "step_seconds", &r.step_seconds, line);
-      PO_READ(p, "stash_peak", &r.stash_peak, line);
-      PO_READ(p, "predicted_peak", &r.predicted_peak, line);
-      PO_READ(p, "arena_bytes", &r.arena_bytes, line);
-      PO_READ(p, "model_bytes", &r.model_bytes, line);
-      PO_READ(p, "wait_seconds", &r.wait_seconds, line);
-      PO_READ(p, "release_wait", &r.release_wait, line);
-      PO_READ(p, "barrier_wait", &r.barrier_wait, line);
-      PO_READ(p, "gpu_busy", &r.gpu_busy, line);
-      PO_READ(p, "device_used_bytes", &r.device_used_bytes, line);
-      PO_READ(p, "offloaded_bytes", &r.offloaded_bytes, line);
-      PO_READ(p, "offload_gbs", &r.offload_gbs, line);
-      PO_READ(p, "reload_gbs", &r.reload_gbs, line);
-      PO_READ(p, "link_efficiency", &r.link_efficiency, line);
-      PO_READ(p, "predicted_step", &r.predicted_step, line);
-      PO_READ(p, "predicted_serial", &r.predicted_serial, line);
-      PO_READ(p, "planner_step", &r.planner_step, line);
-      PO_READ(p, "warnings", &r.warnings, line);
-      PO_READ(p, "error", &r.error, line);
-      run.policies.push_back(std::move(r));
-    }
-    runs.push_back(std::move(run));
+    Record record;
+    if (absl::Status status = read(*value, line, record); !status.ok()) return status;
+    records.push_back(std::move(record));
   }
-  return runs;
+  return records;
 }
 
-absl::StatusOr<std::vector<PeerRun>> ParsePeers(const std::string& jsonl) {
-  std::vector<PeerRun> peers;
-  int line = 0;
-  for (const absl::string_view text : absl::StrSplit(jsonl, '\n')) {
-    ++line;
-    if (absl::StripAsciiWhitespace(text).empty()) continue;
-    absl::StatusOr<json> value = ParseLine(std::string(text), line);
-    if (!value.ok()) return value.status();
-    PeerRun peer;
-    PO_READ(*value, "hidden", &peer.hidden, line);
-    PO_READ(*value, "seq", &peer.sequence, line);
-    PO_READ(*value, "layers", &peer.layers, line);
-    PO_READ(*value, "microbatches", &peer.microbatches, line);
-    PO_READ(*value, "mode", &peer.mode, line);
-    PO_READ(*value, "step_s", &peer.step_s, line);
-    PO_READ(*value, "tflops", &peer.tflops, line);
-    PO_READ(*value, "peak_bytes", &peer.peak_bytes, line);
-    PO_READ(*value, "static_bytes", &peer.static_bytes, line);
-    PO_READ(*value, "activation_bytes", &peer.activation_bytes, line);
-    peers.push_back(std::move(peer));
+absl::Status ReadRun(const json& object, int line, BenchRun& run) {
+  PO_READ(object, "model", &run.model, line);
+  PO_READ(object, "hidden", &run.hidden, line);
+  PO_READ(object, "heads", &run.heads, line);
+  PO_READ(object, "sequence", &run.sequence, line);
+  PO_READ(object, "stages", &run.stages, line);
+  PO_READ(object, "microbatches", &run.microbatches, line);
+  PO_READ(object, "chunks", &run.chunks, line);
+  PO_READ(object, "layers_per_chunk", &run.layers_per_chunk, line);
+  PO_READ(object, "family", &run.family, line);
+  PO_READ(object, "forward_s", &run.forward_s, line);
+  PO_READ(object, "backward_s", &run.backward_s, line);
+  PO_READ(object, "entry_bytes", &run.entry_bytes, line);
+  PO_READ(object, "gemm_flops", &run.gemm_flops, line);
+  PO_READ(object, "d2h_gbs", &run.d2h_gbs, line);
+  PO_READ(object, "h2d_gbs", &run.h2d_gbs, line);
+  PO_READ(object, "duplex_gbs", &run.duplex_gbs, line);
+  PO_READ(object, "model_flops_per_step", &run.model_flops_per_step, line);
+  json policies;
+  PO_READ(object, "policies", &policies, line);
+  if (!policies.is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", line, ": \"policies\" is not a list"));
   }
-  return peers;
+  for (const json& p : policies) {
+    PolicyRun r;
+    PO_READ(p, "name", &r.name, line);
+    PO_READ(p, "order", &r.order, line);
+    PO_READ(p, "auto_choice", &r.auto_choice, line);
+    PO_READ(p, "step_seconds", &r.step_seconds, line);
+    PO_READ(p, "stash_peak", &r.stash_peak, line);
+    PO_READ(p, "predicted_peak", &r.predicted_peak, line);
+    PO_READ(p, "arena_bytes", &r.arena_bytes, line);
+    PO_READ(p, "model_bytes", &r.model_bytes, line);
+    PO_READ(p, "wait_seconds", &r.wait_seconds, line);
+    PO_READ(p, "release_wait", &r.release_wait, line);
+    PO_READ(p, "barrier_wait", &r.barrier_wait, line);
+    PO_READ(p, "gpu_busy", &r.gpu_busy, line);
+    PO_READ(p, "device_used_bytes", &r.device_used_bytes, line);
+    PO_READ(p, "offloaded_bytes", &r.offloaded_bytes, line);
+    PO_READ(p, "offload_gbs", &r.offload_gbs, line);
+    PO_READ(p, "reload_gbs", &r.reload_gbs, line);
+    PO_READ(p, "link_efficiency", &r.link_efficiency, line);
+    PO_READ(p, "predicted_step", &r.predicted_step, line);
+    PO_READ(p, "predicted_serial", &r.predicted_serial, line);
+    PO_READ(p, "planner_step", &r.planner_step, line);
+    PO_READ(p, "warnings", &r.warnings, line);
+    PO_READ(p, "error", &r.error, line);
+    run.policies.push_back(std::move(r));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BenchRun>> ParseRuns(const std::string& jsonl) {
+  return ParseJsonLines<BenchRun>(jsonl, &ReadRun);
+}
+
+namespace {
+
+absl::Status ReadPeer(const json& object, int line, PeerRun& peer) {
+  PO_READ(object, "hidden", &peer.hidden, line);
+  PO_READ(object, "seq", &peer.sequence, line);
+  PO_READ(object, "layers", &peer.layers, line);
+  PO_READ(object, "microbatches", &peer.microbatches, line);
+  PO_READ(object, "mode", &peer.mode, line);
+  PO_READ(object, "step_s", &peer.step_s, line);
+  PO_READ(object, "tflops", &peer.tflops, line);
+  PO_READ(object, "peak_bytes", &peer.peak_bytes, line);
+  PO_READ(object, "static_bytes", &peer.static_bytes, line);
+  PO_READ(object, "activation_bytes", &peer.activation_bytes, line);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PeerRun>> ParsePeers(const std::string& jsonl) {
+  return ParseJsonLines<PeerRun>(jsonl, &ReadPeer);
 }
 
 std::string Checklist(const std::vector<BenchRun>& runs, const std::vector<PeerRun>& peers) {
