@@ -36,6 +36,7 @@ std::string EncodeStepReport(const StepReport& report, bool with_timeline) {
   w.Put(s.start_time);
   w.Put(s.end_time);
   w.Put(s.stash_high_water_bytes);
+  w.Put(s.stash_physical_high_water_bytes);
   w.Put(s.stash_high_water_entries);
   w.Put(s.p2p_high_water_bytes);
   w.Put(s.other_high_water_bytes);
@@ -44,6 +45,7 @@ std::string EncodeStepReport(const StepReport& report, bool with_timeline) {
   w.Put(s.reloaded_bytes);
   w.Put(s.compute_seconds);
   w.Put(s.wait_seconds);
+  w.Put(s.release_wait_seconds);
   w.PutVector(with_timeline ? s.ops : std::vector<TimedOp>{});
   w.PutVector(with_timeline ? s.memory : std::vector<MemorySample>{});
   return w.Take();
@@ -59,6 +61,7 @@ absl::StatusOr<StepReport> DecodeStepReport(std::string_view bytes) {
   r.Get(&s.start_time);
   r.Get(&s.end_time);
   r.Get(&s.stash_high_water_bytes);
+  r.Get(&s.stash_physical_high_water_bytes);
   r.Get(&s.stash_high_water_entries);
   r.Get(&s.p2p_high_water_bytes);
   r.Get(&s.other_high_water_bytes);
@@ -67,6 +70,7 @@ absl::StatusOr<StepReport> DecodeStepReport(std::string_view bytes) {
   r.Get(&s.reloaded_bytes);
   r.Get(&s.compute_seconds);
   r.Get(&s.wait_seconds);
+  r.Get(&s.release_wait_seconds);
   r.GetVector(&s.ops);
   r.GetVector(&s.memory);
   if (absl::Status done = r.Finish("step report"); !done.ok()) return done;

@@ -187,9 +187,33 @@ struct StashTransferTimes {
 };
 
 struct ActivationStashOptions {
-  // Testing only: FinishOffload frees the device copy WITHOUT waiting for the D2H copy. This
-  // reproduces the missing-wait bug that poisoning exists to expose; never set it otherwise.
+  // Testing only: FinishOffload frees the device copy at once WITHOUT honouring the D2H copy
+  // (the block is poisoned and reused while the copy may still read it). This reproduces the
+  // missing-wait bug that poisoning exists to expose; never set it otherwise. Wins over
+  // wait_for_copy_at_release.
   bool unsafe_release_without_wait = false;
+  // FinishOffload host-waits the D2H copy and frees the device copy at once (the blocking
+  // RELEASE of earlier versions), instead of deferring the free until the copy has finished.
+  // For A/B benchmarks and as a fallback; results are bitwise the same either way.
+  bool wait_for_copy_at_release = false;
+  // Bound on each host wait for a pending D2H copy when an allocation needs its block
+  // (Create, StartReload, AllocateReclaiming). The executor sets its wait_timeout_seconds.
+  double reclaim_timeout_seconds = 60.0;
+  // When > 0, a deferred release never lets the stash's PHYSICAL bytes (live entries plus
+  // released blocks whose D2H copy is still running, requested bytes) exceed this: a stash
+  // allocation that would go over it first reclaims the oldest pending blocks, waiting for their
+  // copies. The executor sets it to the program's predicted stash peak (plus
+  // ExecutorOptions::stash_physical_slack_bytes), so deferring a release only moves its wait to
+  // the allocation that needs the memory and the physical peak stays the predicted one. 0: no
+  // cap (released blocks may hold any free arena memory until their copies end).
+  std::int64_t physical_limit_bytes = 0;
+};
+
+// Which released device blocks ReclaimReleased returns to the arena.
+enum class ReclaimMode : std::uint8_t {
+  kFinished,  // only those whose D2H copy has completed; never blocks
+  kOldest,    // host-waits the oldest pending copy, then also takes every finished one
+  kAll,       // host-waits every pending copy
 };
 
 // The saved activations of each (mb, chunk) of one stage. Not thread-safe: one runtime thread
@@ -206,8 +230,10 @@ class ActivationStash {
   ActivationStash(const ActivationStash&) = delete;
   ActivationStash& operator=(const ActivationStash&) = delete;
 
-  // F: a new entry of `bytes` bytes, ON_DEVICE; returns its device memory.
-  // Errors: FailedPrecondition when the entry exists; the arena's ResourceExhausted.
+  // F: a new entry of `bytes` bytes, ON_DEVICE; returns its device memory. When the arena is
+  // full, reclaims released blocks first (as AllocateReclaiming).
+  // Errors: FailedPrecondition when the entry exists; the arena's ResourceExhausted (nothing
+  // left to reclaim); DeadlineExceeded from a wait for a pending copy.
   [[nodiscard]] absl::StatusOr<void*> Create(int mb, int chunk, std::int64_t bytes);
   // B / W: the entry's device memory. REQUIRES state ON_DEVICE, or RELOADING after
   // OrderReload. The pointer is valid until the next call that moves or frees the entry.
@@ -215,11 +241,28 @@ class ActivationStash {
   // OFFLOAD: ON_DEVICE -> OFFLOADING. Takes a host slot and enqueues the D2H copy after the
   // compute work enqueued so far (the F that wrote the entry).
   [[nodiscard]] absl::Status StartOffload(int mb, int chunk);
-  // RELEASE: OFFLOADING -> ON_HOST. Waits up to `timeout_seconds` for the D2H copy, then frees
-  // the device copy. Errors: DeadlineExceeded from the wait (the entry stays OFFLOADING).
+  // RELEASE: OFFLOADING -> ON_HOST, without blocking. The entry's bytes leave the LOGICAL
+  // accounting (device_bytes, device_entries) at once, in program order as the compiler models
+  // them; the device block stays allocated in the arena (PHYSICALLY), on the pending list,
+  // until its D2H copy has finished and ReclaimReleased (or an allocation under pressure)
+  // returns it. With wait_for_copy_at_release it instead waits up to `timeout_seconds` for the
+  // copy and frees the block at once; errors then: DeadlineExceeded (the entry stays
+  // OFFLOADING). `timeout_seconds` is unused otherwise.
   [[nodiscard]] absl::Status FinishOffload(int mb, int chunk, double timeout_seconds);
-  // RELOAD: ON_HOST -> RELOADING. Allocates a device block and enqueues the H2D copy after the
-  // compute work enqueued so far (which may still use the block's previous owner's bytes).
+  // Returns released blocks whose D2H copy has completed to the arena (which poisons them on
+  // the compute queue, after the copy); `mode` says whether to wait (each wait bounded by
+  // `timeout_seconds`). Returns how many blocks went back. Errors: DeadlineExceeded naming the
+  // entry whose copy did not finish (blocks reclaimed before the wait stay reclaimed).
+  [[nodiscard]] absl::StatusOr<int> ReclaimReleased(ReclaimMode mode, double timeout_seconds);
+  // An arena block for anyone (the executor's P2P buffers): on ResourceExhausted, reclaims the
+  // oldest released block (waiting for its copy, up to reclaim_timeout_seconds) and retries
+  // until the request fits or nothing is pending. Errors: the arena's ResourceExhausted,
+  // annotated with what was reclaimed; DeadlineExceeded from a wait.
+  [[nodiscard]] absl::StatusOr<void*> AllocateReclaiming(std::int64_t bytes,
+                                                         MemoryCategory category);
+  // RELOAD: ON_HOST -> RELOADING. Allocates a device block (reclaiming released blocks when
+  // the arena is full, as Create) and enqueues the H2D copy after the compute work enqueued so
+  // far (which may still use the block's previous owner's bytes).
   [[nodiscard]] absl::Status StartReload(int mb, int chunk);
   // Before B, without blocking the caller on an asynchronous backend: compute work enqueued
   // from now on runs after the H2D copy (the compute queue waits on its event), and
@@ -237,9 +280,10 @@ class ActivationStash {
   [[nodiscard]] absl::Status Free(int mb, int chunk);
 
   // OK when no entry remains; else FailedPrecondition listing each entry and its state.
+  // Pending released blocks are not entries (reclaim them with ReclaimReleased(kAll)).
   [[nodiscard]] absl::Status CheckEmpty() const;
-  // Frees every entry whatever its state (after an error), waiting up to `timeout_seconds` for
-  // copies in flight first.
+  // Frees every entry and every pending released block whatever its state (after an error),
+  // waiting up to `timeout_seconds` for each copy in flight first.
   void Clear(double timeout_seconds);
 
   // With the arena's poisoning on and host-accessible device memory: the byte offset of the
@@ -250,9 +294,20 @@ class ActivationStash {
 
   std::optional<StashState> State(int mb, int chunk) const;
   int size() const { return static_cast<int>(entries_.size()); }
-  // Entries whose device copy is allocated (ON_DEVICE, OFFLOADING, RELOADING) and their bytes.
+  // LOGICAL: entries whose device copy counts as held in program order (ON_DEVICE, OFFLOADING,
+  // RELOADING) and their bytes; what the compiler predicts. A released block whose copy is
+  // still running is not counted here but in pending_release_*.
   int device_entries() const { return device_entries_; }
   std::int64_t device_bytes() const { return device_bytes_; }
+  // The most device_bytes since construction or ResetHighWater.
+  std::int64_t device_high_water_bytes() const { return device_high_water_bytes_; }
+  void ResetHighWater() { device_high_water_bytes_ = device_bytes_; }
+  // Released blocks still allocated in the arena, waiting for their D2H copy (or a reclaim).
+  int pending_release_blocks() const { return static_cast<int>(pending_.size()); }
+  std::int64_t pending_release_bytes() const;
+  // Host seconds spent waiting for D2H copies (release, reclaim, allocation under pressure)
+  // since construction: callers take differences.
+  double release_wait_seconds() const { return release_wait_seconds_; }
 
  private:
   struct Entry {
@@ -261,10 +316,17 @@ class ActivationStash {
     void* device = nullptr;  // null while ON_HOST
     HostSlot host;           // valid from StartOffload until FinishReload
     bool reload_ordered = false;  // OrderReload ran: compute work waits for the H2D copy
+    bool release_pending = false;  // its released block is on pending_ (owns offload_done)
     std::optional<Event> offload_ready, offload_begin, offload_done;
     std::optional<Event> reload_ready, reload_begin, reload_done;
   };
   using Key = std::pair<int, int>;  // (mb, chunk)
+  // A released device block waiting for its entry's D2H copy (the entry's offload_done).
+  struct PendingRelease {
+    Key key;
+    void* block = nullptr;
+    std::int64_t bytes = 0;
+  };
 
   absl::StatusOr<Entry*> Find(int mb, int chunk, std::string_view action);
   absl::Status Expect(const Entry& entry, int mb, int chunk, StashState state,
@@ -272,6 +334,13 @@ class ActivationStash {
   absl::StatusOr<Event> TakeEvent();
   void ReturnEvents(Entry& entry);
   absl::Status FreeDevice(Entry& entry);
+  // Logical accounting of one entry's device copy.
+  void CountDevice(std::int64_t bytes);
+  void UncountDevice(std::int64_t bytes);
+  // Host-waits the D2H copy of pending_[index], then frees its block (timing the wait).
+  absl::Status ReclaimAt(std::size_t index, double timeout_seconds);
+  // Reclaims the pending block of `key`, if any (before its events are recycled).
+  absl::Status ReclaimEntry(const Key& key, double timeout_seconds);
 
   Backend& backend_;
   DeviceArena& arena_;
@@ -279,8 +348,11 @@ class ActivationStash {
   const ActivationStashOptions options_;
   std::map<Key, Entry> entries_;
   std::vector<Event> spare_events_;  // reused, so the steady state creates no events
+  std::vector<PendingRelease> pending_;  // in release order (oldest first)
   int device_entries_ = 0;
   std::int64_t device_bytes_ = 0;
+  std::int64_t device_high_water_bytes_ = 0;
+  double release_wait_seconds_ = 0.0;
 };
 
 }  // namespace pipeoffload

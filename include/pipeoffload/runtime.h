@@ -10,7 +10,9 @@
 //   B       waits for its RECV_B data and, when the entry was offloaded, for its reload; calls
 //           Backward(with_weight_grad = !split_backward) and frees the entry when unsplit;
 //   W       calls BackwardWeight and frees the entry;
-//   OFFLOAD starts the D2H copy of the entry; RELEASE waits for it and frees the device copy;
+//   OFFLOAD starts the D2H copy of the entry; RELEASE drops the device copy from the stash
+//           without waiting (its block returns to the arena once the copy has finished; see
+//           ActivationStash::FinishOffload);
 //   RELOAD  allocates device memory and starts the H2D copy; BARRIER meets `peer`.
 // Every wait is bounded by ExecutorOptions::wait_timeout_seconds (the watchdog): on expiry Run
 // returns DeadlineExceeded naming the stage, the op waited for and its peer, e.g.
@@ -36,8 +38,15 @@ namespace pipeoffload {
 struct ExecutorOptions {
   // Bound on every wait: receive, send completion, copy, reload, barrier.
   double wait_timeout_seconds = 60.0;
-  // Testing hooks of the stash (see ActivationStashOptions); leave defaulted in production.
+  // The stash's options (see ActivationStashOptions): unsafe_release_without_wait is a testing
+  // hook; wait_for_copy_at_release selects the blocking RELEASE (A/B benchmarks, fallback).
+  // reclaim_timeout_seconds is overridden by wait_timeout_seconds.
   ActivationStashOptions stash;
+  // The stash's physical cap (ActivationStashOptions::physical_limit_bytes) is the program's
+  // predicted stash peak plus this many bytes; negative: no cap. 0 keeps the measured physical
+  // peak equal to the prediction; slack lets copies lag further behind without a wait, at that
+  // much more device memory.
+  std::int64_t stash_physical_slack_bytes = 0;
 };
 
 // One stage's measured iteration. Times are on the backend's clock (seconds).
@@ -45,9 +54,13 @@ struct IterationStats {
   int stage = 0;
   double start_time = 0.0;
   double end_time = 0.0;
-  // Device memory, in requested bytes, per arena category (DeviceArena::Usage). The stash's
-  // high-water mark is the quantity the compiler predicts (StagePrediction::peak_bytes).
+  // Device memory, in requested bytes. The stash's LOGICAL high-water mark (program order,
+  // ActivationStash::device_high_water_bytes) is the quantity the compiler predicts
+  // (StagePrediction::peak_bytes), exactly.
   std::int64_t stash_high_water_bytes = 0;
+  // The arena's kStash high-water mark: also counts released blocks whose D2H copy was still
+  // running. >= stash_high_water_bytes, <= the arena budget.
+  std::int64_t stash_physical_high_water_bytes = 0;
   std::int64_t stash_high_water_entries = 0;
   std::int64_t p2p_high_water_bytes = 0;
   std::int64_t other_high_water_bytes = 0;  // weights and anything else the trainer keeps
@@ -56,6 +69,9 @@ struct IterationStats {
   std::int64_t reloaded_bytes = 0;          // H2D bytes this iteration
   double compute_seconds = 0.0;  // inside StageModel calls
   double wait_seconds = 0.0;     // blocked on receives, copies, reloads and barriers
+  // Of wait_seconds: host time waiting for D2H copies of released stash blocks (an allocation
+  // under pressure, the end of the iteration, or RELEASE itself with wait_for_copy_at_release).
+  double release_wait_seconds = 0.0;
   std::vector<TimedOp> ops;            // [program index], engine and times filled
   std::vector<MemorySample> memory;    // stash bytes / entries after each change
 };

@@ -7,14 +7,37 @@
 //  and its state; an entry that does not exist is named as such):
 //    (none)      --Create-------> ON_DEVICE    device block allocated (F)
 //    ON_DEVICE   --StartOffload-> OFFLOADING   host slot taken, D2H enqueued (OFFLOAD)
-//    OFFLOADING  --FinishOffload> ON_HOST      D2H waited for, device block freed (RELEASE)
+//    OFFLOADING  --FinishOffload> ON_HOST      device block released (RELEASE), see below
 //    ON_HOST     --StartReload--> RELOADING    new device block, H2D enqueued (RELOAD)
 //    RELOADING   --FinishReload-> ON_DEVICE    H2D waited for, host slot returned (before B)
 //    ON_DEVICE   --Free---------> (none)       device block freed (B unsplit, or W)
+//  Logical and physical bytes:
+//    device_bytes_ / device_entries_ (LOGICAL) follow program order exactly as the compiler
+//    models it: + at Create and StartReload, - at FinishOffload and Free. Their high-water mark
+//    is the predicted peak. The arena's kStash usage (PHYSICAL) also holds released blocks whose
+//    D2H copy may still be running (pending_), so physical >= logical at every moment, and the
+//    two are equal whenever pending_ is empty.
+//  Deferred release (the default): FinishOffload does not wait. The entry goes ON_HOST and
+//    leaves the logical count at once; its block moves to pending_ (release order) and stays
+//    allocated. A pending block goes back to the arena only after its entry's `offload_done`
+//    has completed: ReclaimReleased (kFinished: QueryEvent, never blocks; kOldest / kAll:
+//    host-wait), or an allocation that finds the arena full or would take the physical bytes
+//    past options_.physical_limit_bytes (AllocateReclaiming: reclaim the oldest, retry, until
+//    it fits or nothing is pending; with the limit at the predicted peak, as the executor sets
+//    it, physical never exceeds the prediction and the wait moves from RELEASE to the
+//    allocation that needs the memory). Why this is safe: the only reader of
+//    a released block is its D2H copy, and once that copy has completed nothing reads it, so
+//    the block may go to anyone next (F, an H2D reload, a RECV a transport writes from another
+//    thread or stream) and arena_.Free may poison it on the compute queue: the poison lands
+//    after the copy, never in the host copy.
+//    With unsafe_release_without_wait, FinishOffload frees at once without honouring the copy
+//    (the bug poisoning exposes); with wait_for_copy_at_release it host-waits the copy and
+//    frees at once (the old blocking RELEASE).
 //  Event protocol (the same on CUDA streams and CPU copy engines):
 //    StartOffload: record `offload_ready` on compute (after the F that wrote the entry); the D2H
 //      queue waits on it, records `offload_begin`, copies, records `offload_done`.
-//    FinishOffload: host-waits `offload_done` before freeing the device copy, because freeing
+//    FinishOffload: no wait (deferred); `offload_done` now also guards the pending block.
+//    Reclaim: host-waits (or queries) `offload_done` before arena_.Free, because freeing
 //      poisons the block (on the compute queue) and hands it to the next allocation.
 //    StartReload: record `reload_ready` on compute (the new block's previous owner may still be
 //      read by queued compute work); the H2D queue waits on it and on `offload_done` (the host
@@ -23,16 +46,25 @@
 //    OrderReload: the compute queue waits on `reload_done` (no host wait on asynchronous
 //      backends); from then on compute work enqueued may read the entry.
 //    FinishReload: host-waits `reload_done` (after B was enqueued, when it follows
-//      OrderReload), then returns the host slot.
+//      OrderReload), reclaims the entry's pending block if still there (its copy is done, since
+//      the H2D waited on it, but we still wait on `offload_done` rather than assume), then
+//      returns the host slot.
 //  Who frees what, when:
-//    the device block: FinishOffload (after the D2H) and Free; the arena poisons it.
+//    the device block: reclaim after the D2H (deferred), FinishOffload (blocking / unsafe),
+//      Free and Clear; the arena poisons it.
 //    the host slot: FinishReload (after the H2D), matching the compiler's host-memory model
 //      (released at the entry's B).
-//    events: returned to spare_events_ at FinishReload or Free, reused by later entries.
+//    events: an entry owns its events until FinishReload or Free return them to spare_events_
+//      (reused by later entries). Its pending block, if any, is reclaimed first, so a recycled
+//      `offload_done` never guards someone else's block; Clear likewise reclaims pending_
+//      before returning events.
 //  Poisoning (arena option): freed blocks are filled with kPoisonWord; Create zero-fills a new
 //    block so that parts F leaves for B to write (split backward) never look poisoned, and
 //    FindPoison can tell a read-after-release from stale bytes.
-//  At iteration end CheckEmpty must find no entry; Clear tears down whatever an error left.
+//  At iteration end CheckEmpty must find no entry (the executor reclaims kAll before it); Clear
+//  tears down whatever an error left, pending blocks included.
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <utility>
 
@@ -110,13 +142,111 @@ void ActivationStash::ReturnEvents(Entry& entry) {
   }
 }
 
+void ActivationStash::CountDevice(std::int64_t bytes) {
+  ++device_entries_;
+  device_bytes_ += bytes;
+  device_high_water_bytes_ = std::max(device_high_water_bytes_, device_bytes_);
+}
+
+void ActivationStash::UncountDevice(std::int64_t bytes) {
+  --device_entries_;
+  device_bytes_ -= bytes;
+}
+
 absl::Status ActivationStash::FreeDevice(Entry& entry) {
   if (entry.device == nullptr) return absl::OkStatus();
   void* device = entry.device;
   entry.device = nullptr;
-  --device_entries_;
-  device_bytes_ -= entry.bytes;
+  UncountDevice(entry.bytes);
   return arena_.Free(device);
+}
+
+std::int64_t ActivationStash::pending_release_bytes() const {
+  std::int64_t bytes = 0;
+  for (const PendingRelease& pending : pending_) bytes += pending.bytes;
+  return bytes;
+}
+
+absl::Status ActivationStash::ReclaimAt(std::size_t index, double timeout_seconds) {
+  const PendingRelease pending = pending_[index];
+  Entry& entry = entries_.at(pending.key);  // entries outlive their pending block (see top)
+  const double start = backend_.NowSeconds();
+  const absl::Status waited = backend_.WaitEvent(*entry.offload_done, timeout_seconds);
+  release_wait_seconds_ += backend_.NowSeconds() - start;
+  if (!waited.ok()) {
+    return Annotate(waited, absl::StrCat(EntryName(pending.key.first, pending.key.second),
+                                         ": released block of ", pending.bytes,
+                                         " bytes still being copied to host"));
+  }
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(index));
+  entry.release_pending = false;
+  return arena_.Free(pending.block);
+}
+
+absl::Status ActivationStash::ReclaimEntry(const Key& key, double timeout_seconds) {
+  if (auto it = entries_.find(key); it == entries_.end() || !it->second.release_pending) {
+    return absl::OkStatus();
+  }
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i].key == key) return ReclaimAt(i, timeout_seconds);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ActivationStash::ReclaimReleased(ReclaimMode mode, double timeout_seconds) {
+  int reclaimed = 0;
+  if (mode == ReclaimMode::kAll) {
+    while (!pending_.empty()) {
+      PO_RETURN_IF_ERROR(ReclaimAt(0, timeout_seconds));
+      ++reclaimed;
+    }
+    return reclaimed;
+  }
+  if (mode == ReclaimMode::kOldest && !pending_.empty()) {
+    PO_RETURN_IF_ERROR(ReclaimAt(0, timeout_seconds));
+    ++reclaimed;
+  }
+  for (std::size_t i = 0; i < pending_.size();) {
+    const Entry& entry = entries_.at(pending_[i].key);
+    PO_ASSIGN_OR_RETURN(const bool done, backend_.QueryEvent(*entry.offload_done));
+    if (!done) {
+      ++i;
+      continue;
+    }
+    PO_RETURN_IF_ERROR(ReclaimAt(i, timeout_seconds));  // complete: the wait returns at once
+    ++reclaimed;
+  }
+  return reclaimed;
+}
+
+absl::StatusOr<void*> ActivationStash::AllocateReclaiming(std::int64_t bytes,
+                                                          MemoryCategory category) {
+  int reclaimed = 0;
+  // The physical cap first: a new entry may not push live plus released-but-copying bytes past
+  // the limit, so the deferred release waits here, at the allocation that needs the memory.
+  // Reclaiming everything always suffices, since logical bytes stay within the predicted peak.
+  const std::int64_t limit = options_.physical_limit_bytes;
+  while (limit > 0 && category == MemoryCategory::kStash && !pending_.empty() &&
+         device_bytes_ + pending_release_bytes() + bytes > limit) {
+    PO_ASSIGN_OR_RETURN(const int n,
+                        ReclaimReleased(ReclaimMode::kOldest, options_.reclaim_timeout_seconds));
+    reclaimed += n;
+  }
+  absl::StatusOr<void*> block = arena_.Allocate(bytes, category);
+  while (!block.ok() && absl::IsResourceExhausted(block.status()) && !pending_.empty()) {
+    PO_ASSIGN_OR_RETURN(const int n,
+                        ReclaimReleased(ReclaimMode::kOldest, options_.reclaim_timeout_seconds));
+    reclaimed += n;
+    block = arena_.Allocate(bytes, category);
+  }
+  if (!block.ok() && absl::IsResourceExhausted(block.status())) {
+    return Annotate(block.status(),
+                    reclaimed == 0
+                        ? std::string("no released stash block pending to reclaim")
+                        : absl::StrCat("still full after reclaiming every released stash block (",
+                                       reclaimed, ")"));
+  }
+  return block;
 }
 
 absl::StatusOr<void*> ActivationStash::Create(int mb, int chunk, std::int64_t bytes) {
@@ -125,7 +255,7 @@ absl::StatusOr<void*> ActivationStash::Create(int mb, int chunk, std::int64_t by
                                                       std::string(StashStateName(it->second.state)),
                                                       "); Create needs a new entry"));
   }
-  absl::StatusOr<void*> device = arena_.Allocate(bytes, MemoryCategory::kStash);
+  absl::StatusOr<void*> device = AllocateReclaiming(bytes, MemoryCategory::kStash);
   if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
   if (arena_.poison_on_free()) {
     PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
@@ -134,8 +264,7 @@ absl::StatusOr<void*> ActivationStash::Create(int mb, int chunk, std::int64_t by
   Entry& entry = entries_[Key(mb, chunk)];
   entry.bytes = bytes;
   entry.device = *device;
-  ++device_entries_;
-  device_bytes_ += bytes;
+  CountDevice(bytes);
   return *device;
 }
 
@@ -174,25 +303,37 @@ absl::Status ActivationStash::FinishOffload(int mb, int chunk, double timeout_se
   PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "FinishOffload (RELEASE)"));
   PO_RETURN_IF_ERROR(
       Expect(*entry, mb, chunk, StashState::kOffloading, "FinishOffload (RELEASE)"));
-  if (!options_.unsafe_release_without_wait) {
-    absl::Status waited = backend_.WaitEvent(*entry->offload_done, timeout_seconds);
+  if (options_.unsafe_release_without_wait) {
+    entry->state = StashState::kOnHost;
+    return FreeDevice(*entry);
+  }
+  if (options_.wait_for_copy_at_release) {
+    const double start = backend_.NowSeconds();
+    const absl::Status waited = backend_.WaitEvent(*entry->offload_done, timeout_seconds);
+    release_wait_seconds_ += backend_.NowSeconds() - start;
     if (!waited.ok()) {
       return Annotate(waited, absl::StrCat(EntryName(mb, chunk), ": D2H copy of ", entry->bytes,
                                            " bytes not finished"));
     }
+    entry->state = StashState::kOnHost;
+    return FreeDevice(*entry);
   }
+  // Deferred: out of the logical count now, back to the arena once the copy is done.
+  pending_.push_back(PendingRelease{Key(mb, chunk), entry->device, entry->bytes});
+  entry->device = nullptr;
+  entry->release_pending = true;
+  UncountDevice(entry->bytes);
   entry->state = StashState::kOnHost;
-  return FreeDevice(*entry);
+  return absl::OkStatus();
 }
 
 absl::Status ActivationStash::StartReload(int mb, int chunk) {
   PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "StartReload (RELOAD)"));
   PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnHost, "StartReload (RELOAD)"));
-  absl::StatusOr<void*> device = arena_.Allocate(entry->bytes, MemoryCategory::kStash);
+  absl::StatusOr<void*> device = AllocateReclaiming(entry->bytes, MemoryCategory::kStash);
   if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
   entry->device = *device;
-  ++device_entries_;
-  device_bytes_ += entry->bytes;
+  CountDevice(entry->bytes);
   entry->state = StashState::kReloading;
   PO_ASSIGN_OR_RETURN(entry->reload_ready, TakeEvent());
   PO_ASSIGN_OR_RETURN(entry->reload_begin, TakeEvent());
@@ -237,6 +378,8 @@ absl::StatusOr<StashTransferTimes> ActivationStash::FinishReload(int mb, int chu
   PO_ASSIGN_OR_RETURN(times.offload_end, backend_.EventTime(*entry->offload_done));
   PO_ASSIGN_OR_RETURN(times.reload_start, backend_.EventTime(*entry->reload_begin));
   PO_ASSIGN_OR_RETURN(times.reload_end, backend_.EventTime(*entry->reload_done));
+  // Before ReturnEvents recycles offload_done, which guards the pending block.
+  PO_RETURN_IF_ERROR(ReclaimEntry(Key(mb, chunk), timeout_seconds));
   PO_RETURN_IF_ERROR(host_pool_.Release(entry->host));
   entry->host = HostSlot{};
   ReturnEvents(*entry);
@@ -248,6 +391,8 @@ absl::StatusOr<StashTransferTimes> ActivationStash::FinishReload(int mb, int chu
 absl::Status ActivationStash::Free(int mb, int chunk) {
   PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "Free (B or W)"));
   PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnDevice, "Free (B or W)"));
+  // FinishReload reclaimed any pending block already; this keeps Free safe on its own.
+  PO_RETURN_IF_ERROR(ReclaimEntry(Key(mb, chunk), options_.reclaim_timeout_seconds));
   absl::Status freed = FreeDevice(*entry);
   ReturnEvents(*entry);
   entries_.erase(Key(mb, chunk));
@@ -266,6 +411,15 @@ absl::Status ActivationStash::CheckEmpty() const {
 }
 
 void ActivationStash::Clear(double timeout_seconds) {
+  // Pending blocks first, while their entries still own the events that guard them. Best
+  // effort, as below: a failed wait is ignored, because Clear runs after an error was reported.
+  for (const PendingRelease& pending : pending_) {
+    Entry& entry = entries_.at(pending.key);
+    backend_.WaitEvent(*entry.offload_done, timeout_seconds).IgnoreError();
+    entry.release_pending = false;
+    arena_.Free(pending.block).IgnoreError();
+  }
+  pending_.clear();
   for (auto& [key, entry] : entries_) {
     // Best effort: a copy still in flight would otherwise write into memory handed to the next
     // owner. A failed wait is ignored, because Clear runs after an error has been reported.

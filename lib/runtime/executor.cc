@@ -9,9 +9,21 @@
 //    frees it after the model call; an F output / B input-gradient (activations_ / grads_)
 //    until its SEND posts it (sends_) or, when p = 1, the next local chunk consumes it; a send
 //    until its request finishes. Stash entries belong to the ActivationStash.
-//  - Memory accounting follows program order, as the compiler models it: the stash grows at F
-//    and RELOAD and shrinks at RELEASE and at B (unsplit) / W (split). RELEASE waits for the D2H
-//    copy before freeing, so the measured stash high-water equals the predicted peak exactly.
+//  - Memory accounting follows program order, as the compiler models it: the stash's LOGICAL
+//    bytes grow at F and RELOAD and shrink at RELEASE and at B (unsplit) / W (split), so the
+//    measured stash high-water (the stash's own counter) equals the predicted peak exactly.
+//  - RELEASE does not block the stage's thread: the entry leaves the logical count at once, but
+//    its device block stays allocated (PHYSICALLY, arena category kStash) until its D2H copy has
+//    finished (activation_stash.cc). Blocks come back to the arena (i) after every op, those
+//    whose copy is done (ReclaimReleased(kFinished), never blocking); (ii) when an allocation
+//    (stash F / RELOAD, or a P2P buffer here) finds the arena full: the oldest pending copy is
+//    host-waited and its block returned, until the request fits or nothing is pending; (iii) at
+//    the end of Run, all of them (kAll) before the end-of-iteration checks. A block returned
+//    only after its copy completed may go to anyone (compute, an H2D reload, a RECV that a
+//    transport writes): nothing reads it any more, and its poison fill (compute queue) lands
+//    after the copy. Physical stash bytes >= logical; both fit the arena budget. Host time in
+//    those waits is release_wait_seconds (part of wait_seconds).
+//    ActivationStashOptions::wait_for_copy_at_release restores the blocking RELEASE.
 //  - Events: before a send posts a buffer written by compute, compute_done_ is recorded on the
 //    compute queue and host-waited (a no-op on the CPU backend, required on asynchronous ones:
 //    a transport may read the buffer from any thread or stream, and the Transport interface
@@ -25,6 +37,7 @@
 //    host-waits the compute queue too (cheap: a SEND just before has usually waited already).
 //  - End of Run: no receive, unsent output, send, stash entry or host slot may remain; after an
 //    error Reset frees everything the iteration held, so Run can be called again.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -43,12 +56,25 @@ namespace {
 using internal::Placement;
 using Key = std::pair<int, int>;  // (mb, chunk)
 
+// The stash's options: reclaim waits bounded by the watchdog's timeout, and released blocks
+// held back only while the stash stays within its predicted peak (plus the slack asked for).
+ActivationStashOptions StashOptions(const ExecutorOptions& options,
+                                    std::int64_t predicted_peak_bytes) {
+  ActivationStashOptions stash = options.stash;
+  stash.reclaim_timeout_seconds = options.wait_timeout_seconds;
+  stash.physical_limit_bytes =
+      options.stash_physical_slack_bytes < 0
+          ? 0
+          : std::max<std::int64_t>(1, predicted_peak_bytes + options.stash_physical_slack_bytes);
+  return stash;
+}
+
 class StageExecutor final : public Executor {
  public:
   StageExecutor(const PipelineSpec& spec, const StageProgram& program, StageModel& model,
                 Backend& backend, DeviceArena& arena, Transport& transport,
                 const ExecutorOptions& options, std::unique_ptr<HostPool> host_pool,
-                Event compute_done)
+                Event compute_done, std::int64_t predicted_peak_bytes)
       : spec_(spec),
         program_(program),
         place_{spec.num_stages, spec.chunks_per_stage},
@@ -60,7 +86,7 @@ class StageExecutor final : public Executor {
         options_(options),
         watchdog_(program.stage, options.wait_timeout_seconds),
         host_pool_(std::move(host_pool)),
-        stash_(backend, arena, *host_pool_, options.stash),
+        stash_(backend, arena, *host_pool_, StashOptions(options, predicted_peak_bytes)),
         compute_done_(compute_done) {
     for (int chunk = 0; chunk < spec.chunks_per_stage; ++chunk) {
       saved_bytes_.push_back(model.SavedBytes(chunk, spec.split_backward));
@@ -150,7 +176,9 @@ void StageExecutor::SampleMemory() {
 }
 
 absl::StatusOr<void*> StageExecutor::AllocateP2P(int index, const Op& op) {
-  absl::StatusOr<void*> buffer = arena_.Allocate(boundary_bytes_, MemoryCategory::kP2P);
+  // A full arena may hold released stash blocks whose D2H copy is still running: the stash
+  // waits for the oldest and retries (its wait counts in release_wait_seconds).
+  absl::StatusOr<void*> buffer = stash_.AllocateReclaiming(boundary_bytes_, MemoryCategory::kP2P);
   if (!buffer.ok()) return Annotate(buffer.status(), Where(index, op));
   return buffer;
 }
@@ -380,11 +408,12 @@ absl::Status StageExecutor::Recv(int index, const Op& op) {
 }
 
 absl::Status StageExecutor::Release(int index, const Op& op) {
+  // Does not block unless wait_for_copy_at_release; any wait is counted by the stash
+  // (release_wait_seconds, added to wait_seconds at the end of Run).
   const double start = Now();
   const absl::Status status =
       stash_.FinishOffload(op.mb, op.chunk, watchdog_.timeout_seconds());
   const double end = Now();
-  stats_.wait_seconds += end - start;
   const Op offload{OpKind::kOffload, op.mb, op.chunk, -1};
   PO_RETURN_IF_ERROR(watchdog_.Check(status, offload, op, index));
   Time(index, start, end);
@@ -463,6 +492,8 @@ void StageExecutor::Poll() {
       ++it;
     }
   }
+  // Released stash blocks whose D2H copy has finished go back to the arena (no wait).
+  stash_.ReclaimReleased(ReclaimMode::kFinished, 0.0).status().IgnoreError();
 }
 
 absl::Status StageExecutor::Finish() {
@@ -495,6 +526,11 @@ absl::Status StageExecutor::Finish() {
     return absl::FailedPreconditionError(
         absl::StrCat("stage ", stage_, ": P2P buffers left at iteration end: ", left));
   }
+  // Every released block back before the checks (and before the next iteration reuses them).
+  const absl::Status reclaimed =
+      stash_.ReclaimReleased(ReclaimMode::kAll, watchdog_.timeout_seconds()).status();
+  PO_RETURN_IF_ERROR(Annotate(
+      reclaimed, absl::StrCat("stage ", stage_, ": waiting for D2H copies at iteration end")));
   PO_RETURN_IF_ERROR(Annotate(stash_.CheckEmpty(), absl::StrCat("stage ", stage_)));
   if (host_pool_->slots_in_use() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -542,7 +578,9 @@ absl::StatusOr<IterationStats> StageExecutor::Run() {
     }
   }
   arena_.ResetHighWater();
+  stash_.ResetHighWater();
   host_pool_->ResetHighWater();
+  const double release_wait_before = stash_.release_wait_seconds();
   stats_.start_time = Now();
   SampleMemory();
   for (std::size_t i = 0; i < program_.ops.size(); ++i) {
@@ -558,7 +596,10 @@ absl::StatusOr<IterationStats> StageExecutor::Run() {
     return status;
   }
   stats_.end_time = Now();
-  stats_.stash_high_water_bytes = arena_.Usage(MemoryCategory::kStash).high_water_bytes;
+  stats_.release_wait_seconds = stash_.release_wait_seconds() - release_wait_before;
+  stats_.wait_seconds += stats_.release_wait_seconds;
+  stats_.stash_high_water_bytes = stash_.device_high_water_bytes();
+  stats_.stash_physical_high_water_bytes = arena_.Usage(MemoryCategory::kStash).high_water_bytes;
   stats_.p2p_high_water_bytes = arena_.Usage(MemoryCategory::kP2P).high_water_bytes;
   stats_.other_high_water_bytes = arena_.Usage(MemoryCategory::kOther).high_water_bytes;
   stats_.host_high_water_bytes = host_pool_->high_water_bytes();
@@ -611,7 +652,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   PO_ASSIGN_OR_RETURN(const Event compute_done, backend.CreateEvent());
   return std::unique_ptr<Executor>(new StageExecutor(spec, program, model, backend, arena,
                                                      transport, options, std::move(host_pool),
-                                                     compute_done));
+                                                     compute_done, needs.stash_peak_bytes));
 }
 
 }  // namespace pipeoffload

@@ -100,6 +100,7 @@ TEST_CASE("step reports survive the wire bit for bit; short messages are DataLos
   s.start_time = 12.5;
   s.end_time = 13.25;
   s.stash_high_water_bytes = 123456789;
+  s.stash_physical_high_water_bytes = 223456789;
   s.stash_high_water_entries = 7;
   s.p2p_high_water_bytes = 4096;
   s.other_high_water_bytes = 3;
@@ -108,6 +109,7 @@ TEST_CASE("step reports survive the wire bit for bit; short messages are DataLos
   s.reloaded_bytes = 1 << 20;
   s.compute_seconds = 0.125;
   s.wait_seconds = 0.0625;
+  s.release_wait_seconds = 0.03125;
   s.ops.push_back(TimedOp{2, 0, Op{OpKind::kRecvGrad, 3, 1, 3}, Engine::kRecv, 1.0, 2.0, 64});
   s.ops.push_back(TimedOp{2, 1, Op{OpKind::kBackward, 3, 1, -1}, Engine::kCompute, 2.0, 3.0, 0});
   s.memory.push_back(MemorySample{1.5, 1000, 1});
@@ -125,6 +127,7 @@ TEST_CASE("step reports survive the wire bit for bit; short messages are DataLos
     CHECK(d.start_time == 12.5);
     CHECK(d.end_time == 13.25);
     CHECK(d.stash_high_water_bytes == 123456789);
+    CHECK(d.stash_physical_high_water_bytes == 223456789);
     CHECK(d.stash_high_water_entries == 7);
     CHECK(d.p2p_high_water_bytes == 4096);
     CHECK(d.other_high_water_bytes == 3);
@@ -133,6 +136,7 @@ TEST_CASE("step reports survive the wire bit for bit; short messages are DataLos
     CHECK(d.reloaded_bytes == 1 << 20);
     CHECK(d.compute_seconds == 0.125);
     CHECK(d.wait_seconds == 0.0625);
+    CHECK(d.release_wait_seconds == 0.03125);
     if (timeline) {
       REQUIRE(d.ops.size() == 2);
       CHECK(d.ops[0].op == s.ops[0].op);

@@ -80,7 +80,8 @@ struct ToyRun {
   ToyGrads grads;
   BackendStats after_first;  // stats after iteration 1
   BackendStats after_last;   // after the last iteration, before reading the gradients back
-  std::int64_t stash_high_water = 0;
+  std::int64_t stash_high_water = 0;           // logical: program order, what a compiler predicts
+  std::int64_t stash_physical_high_water = 0;  // the arena's: released blocks wait for their D2H
   std::int64_t arena_in_use_at_end = 0;  // besides parameters, gradients and inputs
 };
 
@@ -113,7 +114,11 @@ ToyRun RunToy(bool offload) {
   if (offload) classes.push_back({kEntryBytes, kMicrobatches * kChunks});
   absl::StatusOr<std::unique_ptr<HostPool>> pool = HostPool::Create(*backend, classes);
   REQUIRE(pool.ok());
-  ActivationStash stash(*backend, arena, **pool);
+  // Released blocks are held back only while the stash stays within one entry (what the
+  // executor does with a program's predicted peak): each F then waits for the previous copy.
+  ActivationStashOptions stash_options;
+  stash_options.physical_limit_bytes = kEntryBytes;
+  ActivationStash stash(*backend, arena, **pool, stash_options);
 
   // Parameters, gradients and inputs live in the arena too (category kOther); uploads and
   // downloads use pageable vectors so host_allocations counts the pool alone.
@@ -191,7 +196,8 @@ ToyRun RunToy(bool offload) {
     Ok(backend->Synchronize(60.0));
     (it == 0 ? run.after_first : run.after_last) = backend->Stats();
   }
-  run.stash_high_water = arena.Usage(MemoryCategory::kStash).high_water_bytes;
+  run.stash_high_water = stash.device_high_water_bytes();
+  run.stash_physical_high_water = arena.Usage(MemoryCategory::kStash).high_water_bytes;
   run.arena_in_use_at_end = arena.reserved_bytes() - base_in_use;
   for (int c = 0; c < kChunks; ++c) {
     for (auto [device, host] :
@@ -221,6 +227,10 @@ TEST_CASE("offload on and off give bitwise equal gradients on the GPU, equal to 
   // The stash peaks at every entry without offload, at one entry with it (released at once).
   CHECK(plain.stash_high_water == kMicrobatches * kChunks * kEntryBytes);
   CHECK(offloaded.stash_high_water == kEntryBytes);
+  // RELEASE does not wait for the copy (the spin kernel keeps it in flight), but the stash's
+  // physical cap makes the next allocation wait for it: the arena never holds more either.
+  CHECK(plain.stash_physical_high_water == plain.stash_high_water);
+  CHECK(offloaded.stash_physical_high_water == kEntryBytes);
   CHECK(plain.arena_in_use_at_end == 0);
   CHECK(offloaded.arena_in_use_at_end == 0);
 }

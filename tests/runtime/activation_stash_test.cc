@@ -148,10 +148,14 @@ TEST_CASE("stash round trip keeps every byte under copy delays", "[runtime][stas
     CHECK(f.stash->State(0, 0) == StashState::kOffloading);
     REQUIRE(f.stash->FinishOffload(0, 0, kTimeout).ok());
     CHECK(f.stash->State(0, 0) == StashState::kOnHost);
-    CHECK(f.stash->device_bytes() == 0);
-    CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+    CHECK(f.stash->device_bytes() == 0);  // logically gone at RELEASE
     CHECK(f.pool->slots_in_use() == 1);
-    // The released device copy is poisoned.
+    // Physically the block waits for its copy; once reclaimed it is free and poisoned.
+    absl::StatusOr<int> reclaimed = f.stash->ReclaimReleased(ReclaimMode::kAll, kTimeout);
+    REQUIRE(reclaimed.ok());
+    CHECK(*reclaimed == 1);
+    CHECK(f.stash->pending_release_blocks() == 0);
+    CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
     CHECK(*static_cast<std::uint32_t*>(*device) == kPoisonWord);
     REQUIRE(f.stash->StartReload(0, 0).ok());
     CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kBytes);
@@ -184,14 +188,18 @@ TEST_CASE("stash round trip keeps every byte under copy delays", "[runtime][stas
 
 TEST_CASE("poisoning exposes a release that does not wait for its D2H copy",
           "[runtime][stash][poison]") {
-  // Every copy sleeps 50 ms first, so a release that does not wait frees (and poisons) the
-  // device copy before the D2H engine has read it.
+  // Every copy sleeps 50 ms first, so a release that does not honour the copy frees (and
+  // poisons) the device copy before the D2H engine has read it. Deferred and blocking releases
+  // both keep the bytes.
   CpuBackendOptions delays;
   delays.min_copy_delay_seconds = 0.05;
   delays.max_copy_delay_seconds = 0.05;
-  const bool wait = GENERATE(true, false);
+  enum class Mode { kDeferred, kBlocking, kUnsafe };
+  const Mode mode = GENERATE(Mode::kDeferred, Mode::kBlocking, Mode::kUnsafe);
+  const bool wait = mode != Mode::kUnsafe;
   ActivationStashOptions stash_options;
-  stash_options.unsafe_release_without_wait = !wait;
+  stash_options.unsafe_release_without_wait = mode == Mode::kUnsafe;
+  stash_options.wait_for_copy_at_release = mode == Mode::kBlocking;
   Fixture f(delays, stash_options);
   absl::StatusOr<void*> device = f.stash->Create(3, 1, kBytes);
   REQUIRE(device.ok());
@@ -202,9 +210,11 @@ TEST_CASE("poisoning exposes a release that does not wait for its D2H copy",
   REQUIRE(f.stash->FinishReload(3, 1, kTimeout).ok());
   absl::StatusOr<std::int64_t> poison = f.stash->FindPoison(3, 1);
   REQUIRE(poison.ok());
-  INFO("wait for D2H before release: " << wait);
+  INFO("release mode " << static_cast<int>(mode));
   CHECK(*poison == (wait ? -1 : 0));
+  CHECK(f.stash->pending_release_blocks() == 0);  // FinishReload reclaimed it at the latest
   REQUIRE(f.stash->Free(3, 1).ok());
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
 }
 
 TEST_CASE("stash zero-fills new entries so untouched bytes never look poisoned",
