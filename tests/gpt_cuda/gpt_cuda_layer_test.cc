@@ -1,7 +1,8 @@
 // The CUDA GPT's linear layers, one layer, and a whole one-chunk model against the CPU fp32
 // model (examples/gpt) on the same bf16-rounded parameters and inputs: relative error within
 // the stated bf16 tolerances, every output poisoned first (NaN never passes); plus bitwise
-// determinism (run twice) and split backward (B then W) bitwise equal to the full backward.
+// determinism (run twice) and split backward (B then W) bitwise equal to the full backward;
+// the layer and the model both with full and with lean saved activations (LayerDims::lean_saved).
 //
 // Tolerances (||gpu - cpu|| / ||cpu||), from bf16 storage of activations (2^-9 relative per
 // rounding) compounded over a layer's ~10 roundings, with fp32 accumulation everywhere; in
@@ -211,22 +212,28 @@ GptConfig SmallConfig() {
 TEST_CASE("One CUDA layer matches the CPU layer, forward and backward",
           "[gpt_cuda][gpt_cuda_layer]") {
   const GptConfig config = SmallConfig();
+  // Full and lean saved activations (gpt_cuda_layer.h): the same tolerances for both.
+  const bool lean = GENERATE(false, true);
+  CAPTURE(lean);
+  const char* const tag = lean ? "layer lean" : "layer";
   // Virtual stage 1 of 3 holds exactly layer 1: no embedding, no head.
   GptChunk cpu(config, 1, 3);
   REQUIRE(cpu.layers().size() == 1);
   RoundParamsToBf16(cpu);
   auto backend = testing::NewCudaBackend();
   cudaStream_t stream = ValueOrFail(CudaComputeStream(*backend));
-  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
+  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head, lean};
   auto context = ValueOrFail(GptCudaContext::Create(dims, 0, stream));
   auto gpu = ValueOrFail(GptCudaChunk::CreateGpt(config, 1, 3, *context));
   REQUIRE(gpu->num_layers() == 1);
-  // The per-layer saved bytes the header documents: 32 C + 16 + 4 NH per token, plus slots.
+  // The per-layer saved bytes the header documents: 32 C (lean: 20 C) + 16 + 4 NH per token,
+  // plus slots.
   const std::int64_t n = dims.N();
   const std::int64_t nc = n * dims.C;
+  const std::int64_t per_token_c = lean ? 20 : 32;
   CHECK(gpu->SavedBytes(false) == MakeLayerSavedLayout(dims).bytes);
-  CHECK(gpu->SavedBytes(false) >= 32 * nc + 16 * n + 4 * dims.NH * n);
-  CHECK(gpu->SavedBytes(false) < 32 * nc + 16 * n + 4 * dims.NH * n + 13 * 256);
+  CHECK(gpu->SavedBytes(false) >= per_token_c * nc + 16 * n + 4 * dims.NH * n);
+  CHECK(gpu->SavedBytes(false) < per_token_c * nc + 16 * n + 4 * dims.NH * n + 13 * 256);
   CHECK(gpu->SavedBytes(true) - gpu->SavedBytes(false) == MakeLayerGradLayout(dims).bytes);
 
   const std::vector<float> x = RandomBf16Values(nc, 1.0f, 11);
@@ -250,16 +257,16 @@ TEST_CASE("One CUDA layer matches the CPU layer, forward and backward",
                                 saved.bytes_ptr(), nullptr));
   const std::vector<float> out = DownloadBf16(out_dev.data(), nc);
   const double out_error = RelativeError(out, cpu_out);
-  Report("layer", "forward output", out_error, kOutputTolerance);
+  Report(tag, "forward output", out_error, kOutputTolerance);
   CHECK(out_error <= kOutputTolerance);
 
   PO_MODEL_TEST_OK(gpu->Backward(dyd, static_cast<bf16*>(dx_dev.data()), saved.bytes_ptr(),
                                  /*with_weight_grad=*/true, 0.0f));
   const std::vector<float> dx = DownloadBf16(dx_dev.data(), nc);
   const double dx_error = RelativeError(dx, cpu_dx);
-  Report("layer", "input gradient", dx_error, kInputGradTolerance);
+  Report(tag, "input gradient", dx_error, kInputGradTolerance);
   CHECK(dx_error <= kInputGradTolerance);
-  CompareParamGrads("layer", cpu, *gpu, stream);
+  CompareParamGrads(tag, cpu, *gpu, stream);
   const std::vector<std::vector<float>> full_grads = AllGrads(*gpu, stream);
 
   SECTION("the forward is deterministic: a second run gives the same bits") {
@@ -296,11 +303,14 @@ TEST_CASE("A whole one-chunk CUDA GPT matches the CPU model: loss and every grad
           "[gpt_cuda][gpt_cuda_layer]") {
   GptConfig config = SmallConfig();
   config.n_layer = 2;
+  const bool lean = GENERATE(false, true);
+  CAPTURE(lean);
+  const char* const tag = lean ? "model lean" : "model";
   GptChunk cpu(config, 0, 1);
   RoundParamsToBf16(cpu);
   auto backend = testing::NewCudaBackend();
   cudaStream_t stream = ValueOrFail(CudaComputeStream(*backend));
-  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
+  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head, lean};
   auto context = ValueOrFail(GptCudaContext::Create(dims, 0, stream));
   auto gpu = ValueOrFail(GptCudaChunk::CreateGpt(config, 0, 1, *context));
   REQUIRE(gpu->is_first());
@@ -331,11 +341,11 @@ TEST_CASE("A whole one-chunk CUDA GPT matches the CPU model: loss and every grad
   for (float loss : losses) gpu_loss += loss;  // NaN propagates and fails below
   gpu_loss /= n;
   const double loss_error = std::abs(gpu_loss - cpu_loss) / cpu_loss;
-  Report("model", "mean loss (cpu " + std::to_string(cpu_loss) + ")", loss_error, kLossTolerance);
+  Report(tag, "mean loss (cpu " + std::to_string(cpu_loss) + ")", loss_error, kLossTolerance);
   CHECK(loss_error <= kLossTolerance);
 
   PO_MODEL_TEST_OK(gpu->Backward(nullptr, nullptr, saved.bytes_ptr(), true, dloss));
-  CompareParamGrads("model", cpu, *gpu, stream);
+  CompareParamGrads(tag, cpu, *gpu, stream);
 }
 
 TEST_CASE("Layer stack shapes: sizes, FLOPs and errors", "[gpt_cuda][gpt_cuda_stack]") {

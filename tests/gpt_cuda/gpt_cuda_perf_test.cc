@@ -1,9 +1,10 @@
 // Speed of the CUDA GPT's pieces on the GPU (hidden: run with "[.gpt_cuda_perf]"): each linear
 // layer shape of a GPT layer at h = 8192, s = 2048 (forward, input gradient, weight gradient),
-// and one layer-stack chunk's F and full B at h = 4096 and 8192. CUDA events around each
-// launch sequence, on random data, 3 untimed then the median of 10. Prints TFLOP/s; asserts
-// only that the numbers are finite and positive (the targets are for the report: >= 600 TFLOP/s
-// on the h = 8192 GEMMs, the H200 does ~790).
+// one layer-stack chunk's F and full B at h = 4096 and 8192, and one layer's F, B and W with
+// lean vs full saved activations at h = 4096 (alone: "[.gpt_cuda_perf_lean]"). CUDA events
+// around each launch sequence, on random data, 3 untimed then the median of 10. Prints
+// TFLOP/s; asserts only that the numbers are finite and positive (the targets are for the
+// report: >= 600 TFLOP/s on the h = 8192 GEMMs, the H200 does ~790).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -128,6 +129,43 @@ TEST_CASE("Layer stack chunk times", "[.gpt_cuda_perf]") {
     std::fflush(stdout);
     CHECK(f > 0.0);
   }
+}
+
+TEST_CASE("Lean vs full saved activations: one layer's F B W times",
+          "[.gpt_cuda_perf][.gpt_cuda_perf_lean]") {
+  // Split backward, as po-f schedules with W ops run it: B (input gradient only) then W (which,
+  // lean, first recomputes ln1, ln2 and gelu(fch)). h = 4096, s = 2048, one layer.
+  double w_ms[2] = {0.0, 0.0};
+  for (const bool lean : {false, true}) {
+    auto backend = testing::NewCudaBackend();
+    cudaStream_t stream = ValueOrFail(CudaComputeStream(*backend));
+    LayerStackShape shape;
+    shape.hidden = 4096;
+    shape.heads = 32;
+    shape.seq = 2048;
+    shape.lean_saved = lean;
+    auto model = ValueOrFail(CreateCudaGptLayerStack(*backend, shape));
+    DeviceBytes saved(model->SavedBytes(0, true)), in(shape.BoundaryBytes()),
+        out(shape.BoundaryBytes()), dout(shape.BoundaryBytes()), din(shape.BoundaryBytes());
+    FillRandom(in, 1.0f, 5);
+    FillRandom(dout, 1e-3f, 6);
+    const double f =
+        MedianMs(stream, [&] { return model->Forward(0, 0, in.data(), out.data(), saved.data()); });
+    const double b = MedianMs(stream, [&] {
+      return model->Backward(0, 0, dout.data(), din.data(), saved.data(), false);
+    });
+    const double w = MedianMs(stream, [&] { return model->BackwardWeight(0, 0, saved.data()); });
+    w_ms[lean ? 1 : 0] = w;
+    std::printf(
+        "[perf] %s layer h=4096 s=2048: F %.3f ms, B %.3f ms, W %.3f ms, F+B+W %.3f ms; saved "
+        "%.1f MB/layer (W's inputs excluded)\n",
+        lean ? "lean" : "full", f, b, w, f + b + w, shape.SavedBytes() / 1e6);
+    std::fflush(stdout);
+    CHECK(f > 0.0);
+    CHECK(w > 0.0);
+  }
+  std::printf("[perf] lean recompute costs %.3f ms of W\n", w_ms[1] - w_ms[0]);
+  std::fflush(stdout);
 }
 
 TEST_CASE("Where a layer's non-GEMM time goes", "[.gpt_cuda_perf]") {

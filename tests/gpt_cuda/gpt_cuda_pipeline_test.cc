@@ -207,6 +207,13 @@ TEST_CASE("The benchmark's layer stack runs under the executor, with and without
   shape.heads = 4;
   shape.seq = 128;
   shape.layers_per_chunk = 2;
+  // Full and lean saved activations: po-f must leave every gradient bit as no offload does.
+  shape.lean_saved = GENERATE(false, true);
+  CAPTURE(shape.lean_saved);
+  LayerStackShape full_shape = shape;
+  full_shape.lean_saved = false;
+  if (shape.lean_saved) CHECK(shape.SavedBytes() < full_shape.SavedBytes());
+  std::vector<std::vector<std::uint64_t>> no_offload_hashes;  // [stage]
   for (const OffloadPolicy policy : {OffloadPolicy::kNone, OffloadPolicy::kFull}) {
     constexpr int p = 4;
     std::vector<std::unique_ptr<Backend>> backends;
@@ -237,6 +244,19 @@ TEST_CASE("The benchmark's layer stack runs under the executor, with and without
               schedule.predictions->stages[static_cast<std::size_t>(stage.stage)].peak_bytes);
       }
       if (policy == OffloadPolicy::kFull) CHECK(stats[0].offloaded_bytes > 0);
+    }
+    rig.reset();
+    // The gradients accumulated over both steps (no optimizer): bitwise the same with offload.
+    for (int d = 0; d < p; ++d) {
+      const std::vector<std::uint64_t> hashes =
+          ValueOrFail(LayerStackGradHashes(*models[static_cast<std::size_t>(d)]));
+      CHECK(hashes.size() == 12u * static_cast<std::size_t>(shape.layers_per_chunk));
+      if (policy == OffloadPolicy::kNone) {
+        no_offload_hashes.push_back(hashes);
+      } else {
+        INFO("stage " << d);
+        CHECK(hashes == no_offload_hashes[static_cast<std::size_t>(d)]);
+      }
     }
   }
 }

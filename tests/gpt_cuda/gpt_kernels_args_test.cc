@@ -38,6 +38,12 @@ TEST_CASE("GPT kernels reject bad sizes and null pointers by name", "[gpt_kernel
                 "LayerNormForward", "C = 0");
   ExpectInvalid(LayerNormForward(kBf16, kFloat, nullptr, kBf16, kBf16, kBf16, 4, 8, nullptr),
                 "LayerNormForward", "rstd is null");
+  ExpectInvalid(LayerNormApply(kBf16, kBf16, kBf16, kBf16, kFloat, kFloat, 0, 8, nullptr),
+                "LayerNormApply", "N = 0");
+  ExpectInvalid(LayerNormApply(kBf16, kBf16, kBf16, nullptr, kFloat, kFloat, 4, 8, nullptr),
+                "LayerNormApply", "b is null");
+  ExpectInvalid(LayerNormApply(kBf16, kBf16, kBf16, kBf16, kFloat, nullptr, 4, 8, nullptr),
+                "LayerNormApply", "rstd is null");
   ExpectInvalid(LayerNormBackwardInput(kBf16, kBf16, kBf16, kBf16, kFloat, kFloat, 0, 8, nullptr),
                 "LayerNormBackwardInput", "N = 0");
   ExpectInvalid(

@@ -303,7 +303,9 @@ absl::Status GptCudaChunk::Backward(const bf16* grad_output, bf16* grad_input, s
     const LayerActivations a =
         LayerActivationsAt(saved + layer_slots_[static_cast<std::size_t>(i)], layer_layout_);
     PO_RETURN_IF_ERROR(LayerBackwardInput(context_, Weights(i), a, g, dinp));
-    if (with_weight_grad) PO_RETURN_IF_ERROR(LayerBackwardWeight(context_, WeightGrads(i), a, g));
+    if (with_weight_grad) {
+      PO_RETURN_IF_ERROR(LayerBackwardWeight(context_, Weights(i), WeightGrads(i), a, g));
+    }
   }
   if (first_ && with_weight_grad) PO_RETURN_IF_ERROR(EncoderBackwardWeight(saved, split));
   return absl::OkStatus();
@@ -316,7 +318,7 @@ absl::Status GptCudaChunk::BackwardWeight(std::byte* saved) {
   if (last_) PO_RETURN_IF_ERROR(HeadBackwardWeight(saved, /*split=*/true));
   for (int i = num_layers() - 1; i >= 0; --i) {
     PO_RETURN_IF_ERROR(LayerBackwardWeight(
-        context_, WeightGrads(i),
+        context_, Weights(i), WeightGrads(i),
         LayerActivationsAt(saved + layer_slots_[static_cast<std::size_t>(i)], layer_layout_),
         GradsOf(i, saved, /*split=*/true)));
   }

@@ -6,7 +6,9 @@
 //
 // Saved region (byte offsets, each slot 256-byte aligned; N = B*T):
 //   [first] tokens (N) int32
-//   per layer: LayerSavedLayout (32 C + 16 + 4 NH bytes per token, gpt_cuda_layer.h)
+//   per layer: LayerSavedLayout (32 C + 16 + 4 NH bytes per token, gpt_cuda_layer.h; 20 C +
+//              16 + 4 NH when the context's dims are lean_saved: then ln1, ln2 and gelu(fch)
+//              live in the context's scratch and BackwardWeight recomputes them)
 //   [last]  lnf_in (N,C) bf16 | lnf mean, rstd (N) fp32 | lnf_out (N,C) bf16 |
 //           logits (N,V) bf16 (dlogits in place after Backward) | lse (N) fp32 | targets (N)
 //   -- SavedBytes(false) ends here; the split-backward region follows --

@@ -23,6 +23,8 @@ class SlotCursor {
     cursor_ += AlignSlot(bytes);
     return at;
   }
+  // Take(bytes), or kNoSlot (taking nothing) when the slot is left out.
+  std::int64_t TakeUnless(bool omit, std::int64_t bytes) { return omit ? kNoSlot : Take(bytes); }
   std::int64_t size() const { return cursor_; }
 
  private:
@@ -33,6 +35,21 @@ absl::Status Copy(void* dst, const void* src, std::int64_t bytes, cudaStream_t s
   PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes),
                                           cudaMemcpyDeviceToDevice, stream));
   return absl::OkStatus();
+}
+
+// `a` with its missing slots (null: a lean layout's) pointed at the context's lean scratch.
+absl::StatusOr<LayerActivations> WithLeanScratch(const GptCudaContext& context,
+                                                 LayerActivations a) {
+  if (a.ln1_out != nullptr && a.ln2_out != nullptr && a.fch_gelu != nullptr) return a;
+  if (context.lean_ln1_out() == nullptr) {
+    return absl::InvalidArgumentError(
+        "layer activations lack ln1_out / ln2_out / fch_gelu (a lean layout) but the context "
+        "was not created with LayerDims::lean_saved, so it has no scratch for them");
+  }
+  if (a.ln1_out == nullptr) a.ln1_out = context.lean_ln1_out();
+  if (a.ln2_out == nullptr) a.ln2_out = context.lean_ln2_out();
+  if (a.fch_gelu == nullptr) a.fch_gelu = context.lean_fch_gelu();
+  return a;
 }
 
 }  // namespace
@@ -72,16 +89,17 @@ LayerSavedLayout MakeLayerSavedLayout(const LayerDims& dims) {
   l.x = slots.Take(nc * kBf16);
   l.ln1_mean = slots.Take(n * kF32);
   l.ln1_rstd = slots.Take(n * kF32);
-  l.ln1_out = slots.Take(nc * kBf16);
+  const bool lean = dims.lean_saved;
+  l.ln1_out = slots.TakeUnless(lean, nc * kBf16);
   l.qkv = slots.Take(3 * nc * kBf16);
   l.atty = slots.Take(nc * kBf16);
   l.lse = slots.Take(std::int64_t{dims.B} * dims.NH * dims.T * kF32);
   l.res2 = slots.Take(nc * kBf16);
   l.ln2_mean = slots.Take(n * kF32);
   l.ln2_rstd = slots.Take(n * kF32);
-  l.ln2_out = slots.Take(nc * kBf16);
+  l.ln2_out = slots.TakeUnless(lean, nc * kBf16);
   l.fch = slots.Take(4 * nc * kBf16);
-  l.fch_gelu = slots.Take(4 * nc * kBf16);
+  l.fch_gelu = slots.TakeUnless(lean, 4 * nc * kBf16);
   l.bytes = slots.size();
   return l;
 }
@@ -101,7 +119,9 @@ LayerGradLayout MakeLayerGradLayout(const LayerDims& dims) {
 }
 
 LayerActivations LayerActivationsAt(std::byte* base, const LayerSavedLayout& l) {
-  auto bf = [base](std::int64_t offset) { return reinterpret_cast<bf16*>(base + offset); };
+  auto bf = [base](std::int64_t offset) {
+    return offset == kNoSlot ? nullptr : reinterpret_cast<bf16*>(base + offset);
+  };
   auto f32 = [base](std::int64_t offset) { return reinterpret_cast<float*>(base + offset); };
   return LayerActivations{bf(l.x),       f32(l.ln1_mean), f32(l.ln1_rstd), bf(l.ln1_out),
                           bf(l.qkv),     bf(l.atty),      f32(l.lse),      bf(l.res2),
@@ -155,6 +175,11 @@ absl::StatusOr<std::unique_ptr<GptCudaContext>> GptCudaContext::Create(const Lay
   PO_ASSIGN_OR_RETURN(void* grads, memory.Allocate(MakeLayerGradLayout(dims).bytes));
   context->unsplit_grads_ = static_cast<std::byte*>(grads);
   PO_ASSIGN_OR_RETURN(context->ping_pong_, memory.AllocateArray<bf16>(2 * nc));
+  if (dims.lean_saved) {
+    PO_ASSIGN_OR_RETURN(context->lean_ln1_out_, memory.AllocateArray<bf16>(nc));
+    PO_ASSIGN_OR_RETURN(context->lean_ln2_out_, memory.AllocateArray<bf16>(nc));
+    PO_ASSIGN_OR_RETURN(context->lean_fch_gelu_, memory.AllocateArray<bf16>(4 * nc));
+  }
   return context;
 }
 
@@ -172,7 +197,8 @@ bf16* GptCudaContext::ping_pong(int i) const {
 }
 
 absl::Status LayerForward(GptCudaContext& context, const LayerWeights& w,
-                          const LayerActivations& a, bf16* out) {
+                          const LayerActivations& saved, bf16* out) {
+  PO_ASSIGN_OR_RETURN(const LayerActivations a, WithLeanScratch(context, saved));
   const LayerDims& d = context.dims();
   const int N = d.N();
   const int C = d.C;
@@ -223,8 +249,32 @@ absl::Status LayerBackwardInput(GptCudaContext& context, const LayerWeights& w,
   return LayerNormBackwardInput(dinp, g.d_ln1out, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, s);
 }
 
-absl::Status LayerBackwardWeight(GptCudaContext& context, const LayerWeightGrads& dw,
-                                 const LayerActivations& a, const LayerGradBuffers& g) {
+absl::StatusOr<LayerActivations> RecomputeLeanActivations(GptCudaContext& context,
+                                                          const LayerWeights& w,
+                                                          const LayerActivations& saved) {
+  PO_ASSIGN_OR_RETURN(const LayerActivations a, WithLeanScratch(context, saved));
+  const LayerDims& d = context.dims();
+  const int N = d.N();
+  const int C = d.C;
+  cudaStream_t s = context.stream();
+  if (saved.ln1_out == nullptr) {
+    PO_RETURN_IF_ERROR(
+        LayerNormApply(a.ln1_out, a.x, w.ln1_w, w.ln1_b, a.ln1_mean, a.ln1_rstd, N, C, s));
+  }
+  if (saved.ln2_out == nullptr) {
+    PO_RETURN_IF_ERROR(
+        LayerNormApply(a.ln2_out, a.res2, w.ln2_w, w.ln2_b, a.ln2_mean, a.ln2_rstd, N, C, s));
+  }
+  if (saved.fch_gelu == nullptr) {
+    PO_RETURN_IF_ERROR(GeluForward(a.fch_gelu, a.fch, std::int64_t{N} * 4 * C, s));
+  }
+  return a;
+}
+
+absl::Status LayerBackwardWeight(GptCudaContext& context, const LayerWeights& w,
+                                 const LayerWeightGrads& dw, const LayerActivations& saved,
+                                 const LayerGradBuffers& g) {
+  PO_ASSIGN_OR_RETURN(const LayerActivations a, RecomputeLeanActivations(context, w, saved));
   const LayerDims& d = context.dims();
   const int N = d.N();
   const int C = d.C;

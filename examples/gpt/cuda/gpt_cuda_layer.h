@@ -15,6 +15,20 @@
 //   fp32: ln1 mean, rstd | ln2 mean, rstd | attention lse (NH per token) = 16 + 4 NH bytes
 // Nothing of size T x T is saved: the attention backward recomputes probabilities from qkv
 // and lse (kernels_cuda.h).
+// Lean (LayerDims::lean_saved): ln1, ln2 and g are not saved (20 C bytes per token instead of
+// 32 C). The input backward never reads them (the LayerNorm backward uses x / res2 with mean and
+// rstd, the fc-proj input gradient the pre-activation fch); only the weight gradients do, so
+// LayerBackwardWeight recomputes them first into the context's scratch: ln1 and ln2 bit for bit
+// (LayerNormApply), g = GeluForward(fch). Forward fuses the GELU into the fc GEMM's epilogue
+// where cuBLASLt offers it, computing it from the fp32 accumulator, while the recompute starts
+// from the bf16 fch: the recomputed g may then differ from the forward's by the rounding of
+// fch (one bf16 ulp for many elements, a few where gelu is flat, e.g. x < -2), so the fc-proj
+// weight gradient of a lean layer differs from the full layer's in its last bits (~1e-3
+// relative); every other output, gradient and weight gradient is bitwise equal
+// (tests/gpt_cuda/gpt_cuda_lean_test.cc measures both). Without the fused epilogue, forward
+// runs the same GeluForward and everything is bitwise equal.
+// Forward is unchanged (it still writes ln1, ln2 and g, into the scratch), so forward outputs
+// and input gradients are bitwise equal lean or not.
 // Output gradients W needs (LayerGradLayout), bf16 per token: dout C | d_fch 4C | d_ln2 C |
 //   dres2 C | d_qkv 3C | d_ln1 C = 22 C bytes; in the stash entry when the schedule splits W,
 //   in the context's scratch otherwise.
@@ -41,6 +55,11 @@ struct LayerDims {
   int T = 0;   // sequence length
   int C = 0;   // channels
   int NH = 0;  // heads
+  // Save only what the input backward needs (see "Lean" above): MakeLayerSavedLayout omits
+  // ln1_out, ln2_out and fch_gelu, GptCudaContext allocates scratch for them, and
+  // LayerBackwardWeight recomputes them. Costs two LayerNorm applications and one GELU per
+  // weight backward (memory-bound, ~1% of a layer at h >= 4096); saves 12 C bytes per token.
+  bool lean_saved = false;
   int N() const { return B * T; }
   AttentionShape Attention() const { return AttentionShape{B, T, NH, NH > 0 ? C / NH : 0}; }
 };
@@ -49,7 +68,12 @@ struct LayerDims {
 // or 128, C not a multiple of 64, T above kMaxAttentionT, or N * 4C beyond 32-bit indexing.
 [[nodiscard]] absl::Status CheckLayerDims(const LayerDims& dims);
 
-// Byte offsets of one layer's saved activations, from the start of its region.
+// The offset of a slot a lean layout omits.
+inline constexpr std::int64_t kNoSlot = -1;
+
+// Byte offsets of one layer's saved activations, from the start of its region. With
+// dims.lean_saved, ln1_out, ln2_out and fch_gelu are kNoSlot and the other slots are packed in
+// the same order; without it the layout is the full one above.
 struct LayerSavedLayout {
   std::int64_t x = 0, ln1_mean = 0, ln1_rstd = 0, ln1_out = 0, qkv = 0, atty = 0, lse = 0,
                res2 = 0, ln2_mean = 0, ln2_rstd = 0, ln2_out = 0, fch = 0, fch_gelu = 0;
@@ -64,7 +88,8 @@ struct LayerGradLayout {
 };
 LayerGradLayout MakeLayerGradLayout(const LayerDims& dims);
 
-// Device pointers of one layer's saved activations.
+// Device pointers of one layer's saved activations; null for a slot the layout omits (the layer
+// functions below then use the context's scratch for it).
 struct LayerActivations {
   bf16* x;
   float* ln1_mean;
@@ -144,6 +169,11 @@ class GptCudaContext {
   // one of two ping-pong (N,C) slots (layer i's dout and its input gradient never coincide).
   std::byte* unsplit_grads() const { return unsplit_grads_; }
   bf16* ping_pong(int i) const;  // (N,C), i = 0 or 1
+  // Lean dims only (null otherwise): where forward writes the activations a lean layout does not
+  // save, and LayerBackwardWeight recomputes them: (N,C), (N,C) and (N,4C) bf16.
+  bf16* lean_ln1_out() const { return lean_ln1_out_; }
+  bf16* lean_ln2_out() const { return lean_ln2_out_; }
+  bf16* lean_fch_gelu() const { return lean_fch_gelu_; }
   DeviceAllocations& allocations() { return *allocations_; }
   // Device bytes this context holds (scratch, workspaces; not the cuBLAS handles' own).
   std::int64_t bytes() const { return allocations_->total_bytes() + Linear::kWorkspaceBytes; }
@@ -164,10 +194,15 @@ class GptCudaContext {
   bf16* d_atty_ = nullptr;
   std::byte* unsplit_grads_ = nullptr;
   bf16* ping_pong_ = nullptr;
+  bf16* lean_ln1_out_ = nullptr;
+  bf16* lean_ln2_out_ = nullptr;
+  bf16* lean_fch_gelu_ = nullptr;
 };
 
 // Forward of one layer: reads a.x (the caller has put the layer input there), writes every
-// other slot of `a` and out (N,C). out must not alias the saved slots.
+// other slot of `a` and out (N,C). out must not alias the saved slots. A null slot of `a` (a
+// lean layout's) is written to the context's lean scratch instead: InvalidArgument if the
+// context has none.
 [[nodiscard]] absl::Status LayerForward(GptCudaContext& context, const LayerWeights& w,
                                         const LayerActivations& a, bf16* out);
 // Backward for the input: from g.dout, writes g's other buffers and dinp (N,C) (which must not
@@ -176,11 +211,22 @@ class GptCudaContext {
                                               const LayerActivations& a,
                                               const LayerGradBuffers& g, bf16* dinp);
 // Accumulates the 12 parameter gradients (+=) from the activations and the output gradients
-// LayerBackwardInput left in g.
-[[nodiscard]] absl::Status LayerBackwardWeight(GptCudaContext& context,
+// LayerBackwardInput left in g; first recomputes the slots `a` lacks (RecomputeLeanActivations:
+// that is what it needs `w` for). Errors: RecomputeLeanActivations'; the kernels'.
+[[nodiscard]] absl::Status LayerBackwardWeight(GptCudaContext& context, const LayerWeights& w,
                                                const LayerWeightGrads& dw,
                                                const LayerActivations& a,
                                                const LayerGradBuffers& g);
+
+// `a` with each null slot of ln1_out, ln2_out, fch_gelu pointed at the context's lean scratch
+// and recomputed there from the saved ones: ln1_out = LayerNormApply(x, ln1 mean, rstd, w.ln1)
+// and ln2_out likewise from res2 (bitwise what forward wrote), fch_gelu = GeluForward(fch) (see
+// "Lean" above). Slots that are present are left alone; with none missing nothing is launched.
+// The result is valid until the next call that uses the scratch (any layer function of this
+// context). Errors: InvalidArgument if a slot is missing and the context has no lean scratch;
+// the kernels'.
+[[nodiscard]] absl::StatusOr<LayerActivations> RecomputeLeanActivations(
+    GptCudaContext& context, const LayerWeights& w, const LayerActivations& a);
 
 // FLOP of one layer's forward as launched for `dims`: 24 C^2 N for the linear layers plus
 // 4 T^2 C B for attention's two batched GEMMs over full T x T score matrices.

@@ -4,6 +4,7 @@
 // outputs the runtime does not want (output / grad_input == null).
 #include "examples/gpt/cuda/gpt_layer_stack.h"
 
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -25,7 +26,7 @@ constexpr int kMaxLayersPerChunk = 256;
 
 LayerDims DimsOf(const LayerStackShape& shape) {
   return LayerDims{shape.batch, static_cast<int>(shape.seq), static_cast<int>(shape.hidden),
-                   shape.heads};
+                   shape.heads, shape.lean_saved};
 }
 
 class CudaGptLayerStack final : public StageModel {
@@ -42,6 +43,7 @@ class CudaGptLayerStack final : public StageModel {
   }
 
   absl::Status Init();
+  absl::StatusOr<std::vector<std::uint64_t>> GradHashes();
 
   std::int64_t SavedBytes(int chunk, bool split_backward) const override {
     if (chunk < 0 || chunk >= static_cast<int>(chunks_.size())) return 0;
@@ -130,6 +132,28 @@ absl::Status CudaGptLayerStack::Init() {
   return WaitForStream(stream_, kWaitSeconds, "CreateCudaGptLayerStack");
 }
 
+absl::StatusOr<std::vector<std::uint64_t>> CudaGptLayerStack::GradHashes() {
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  std::vector<std::uint64_t> hashes;
+  for (const std::unique_ptr<GptCudaChunk>& chunk : chunks_) {
+    const DeviceParameters& params = chunk->params();
+    for (int local = 0; local < static_cast<int>(params.tensors().size()); ++local) {
+      PO_ASSIGN_OR_RETURN(const std::vector<float> grad, params.DownloadGrad(local, stream_));
+      std::uint64_t hash = 14695981039346656037ull;  // FNV-1a, 64 bit
+      for (const float value : grad) {
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, &value, sizeof(bits));
+        for (int byte = 0; byte < 4; ++byte) {
+          hash = (hash ^ ((bits >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+        }
+      }
+      hashes.push_back(hash);
+    }
+  }
+  return hashes;
+}
+
 }  // namespace
 
 std::int64_t LayerStackShape::SavedBytes() const {
@@ -188,6 +212,15 @@ absl::StatusOr<std::unique_ptr<StageModel>> CreateCudaGptLayerStack(
   auto model = std::make_unique<CudaGptLayerStack>(shape, device, stream);
   PO_RETURN_IF_ERROR(model->Init());
   return std::unique_ptr<StageModel>(std::move(model));
+}
+
+absl::StatusOr<std::vector<std::uint64_t>> LayerStackGradHashes(StageModel& model) {
+  auto* stack = dynamic_cast<CudaGptLayerStack*>(&model);
+  if (stack == nullptr) {
+    return absl::InvalidArgumentError(
+        "LayerStackGradHashes: the model was not made by CreateCudaGptLayerStack");
+  }
+  return stack->GradHashes();
 }
 
 }  // namespace pipeoffload::gpt::cuda

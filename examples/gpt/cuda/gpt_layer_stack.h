@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,11 +34,16 @@ struct LayerStackShape {
   int layers_per_chunk = 1;
   int chunks_per_stage = 1;
   std::uint64_t seed = 1;
+  // Lean saved activations (LayerDims::lean_saved, gpt_cuda_layer.h): each layer saves 20 h
+  // instead of 32 h bytes per token; the weight backward recomputes the two LayerNorm outputs
+  // and the GELU output it needs. Forward outputs and input gradients are bitwise the same.
+  bool lean_saved = false;
 
   // One chunk's stash entry: layers_per_chunk times the saved bytes of one layer (bf16
   // activations, fp32 LayerNorm statistics and attention log-sum-exp, each slot 256-byte
   // aligned; gpt_cuda_chunk.h lists them): 32 h + 16 + 4 NH bytes per token plus alignment,
-  // i.e. ~32 h s bytes per layer for microbatch size 1 (DESIGN.md section 6 estimates 34 h s).
+  // i.e. ~32 h s bytes per layer for microbatch size 1 (DESIGN.md section 6 estimates 34 h s);
+  // 20 h + 16 + 4 NH with lean_saved.
   // The same with or without a split backward: W's inputs are kept in the stash only when the
   // schedule splits W, which the layer stack's SavedBytes(chunk, true) accounts for separately.
   std::int64_t SavedBytes() const;
@@ -59,14 +65,21 @@ struct LayerStackShape {
 // Creates the stage model of one pipeline stage on `backend` (a CUDA backend: InvalidArgument
 // otherwise): `chunks_per_stage` chunks, parameters, gradients, scratch and the fixed
 // input/gradient allocated with cudaMalloc at creation (outside the runtime's arena: about
-// 6 B per parameter, 12 h^2 parameters per layer, plus ~30 h s bytes of scratch and the
-// attention workspace), a cuBLASLt and a cuBLAS handle bound to the compute stream.
+// 6 B per parameter, 12 h^2 parameters per layer, plus ~30 h s bytes of scratch (12 h s more
+// with lean_saved) and the attention workspace), a cuBLASLt and a cuBLAS handle bound to the
+// compute stream.
 // The stage model reports SavedBytes(chunk, false) = shape.SavedBytes() for every chunk and
 // every stage (virtual stage 0 and the last one save what the others do), and
 // SavedBytes(chunk, true) adds the output gradients W needs (22 h s bytes per layer).
 // Errors: CheckLayerStackShape's; ResourceExhausted / Internal naming the CUDA or cuBLAS call.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<StageModel>> CreateCudaGptLayerStack(
     Backend& backend, const LayerStackShape& shape);
+
+// For tests: one FNV-1a hash per parameter of `model` (made by CreateCudaGptLayerStack) over the
+// bits of its fp32 gradient accumulator, chunk by chunk in tensor order, after waiting for the
+// compute stream. Offloading moves bytes and must never change one of these. Errors:
+// InvalidArgument for a model CreateCudaGptLayerStack did not make; CUDA errors.
+[[nodiscard]] absl::StatusOr<std::vector<std::uint64_t>> LayerStackGradHashes(StageModel& model);
 
 }  // namespace pipeoffload::gpt::cuda
 

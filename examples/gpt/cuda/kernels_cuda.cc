@@ -12,7 +12,6 @@
 #include "lib/base/status_macros.h"
 
 namespace pipeoffload::gpt::cuda {
-
 using internal::ArgCheck;
 using internal::Launched;
 
@@ -46,6 +45,18 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
   PO_RETURN_IF_ERROR(check.status());
   return Launched("LayerNormForward",
                   internal::LaunchLayerNormForward(out, mean, rstd, inp, w, b, N, C, stream));
+}
+
+absl::Status LayerNormApply(bf16* out, const bf16* inp, const bf16* w, const bf16* b,
+                            const float* mean, const float* rstd, int N, int C,
+                            cudaStream_t stream) {
+  ArgCheck check("LayerNormApply");
+  check.Rows("N", N).Channels("C", C);
+  check.NotNull("out", out).NotNull("inp", inp).NotNull("w", w).NotNull("b", b);
+  check.NotNull("mean", mean).NotNull("rstd", rstd);
+  PO_RETURN_IF_ERROR(check.status());
+  return Launched("LayerNormApply",
+                  internal::LaunchLayerNormApply(out, inp, w, b, mean, rstd, N, C, stream));
 }
 
 absl::Status LayerNormBackwardInput(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* w,

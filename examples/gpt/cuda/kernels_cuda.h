@@ -55,6 +55,12 @@ using bf16 = __nv_bfloat16;
 [[nodiscard]] absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp,
                                             const bf16* w, const bf16* b, int N, int C,
                                             cudaStream_t stream);
+// LayerNormForward's `out` again, from the inp, mean and rstd it saw and saved: the same
+// arithmetic, so the same bits (what a lean layer uses to recompute the LayerNorm outputs it does
+// not save, gpt_cuda_layer.h). Elementwise; out may not alias inp.
+[[nodiscard]] absl::Status LayerNormApply(bf16* out, const bf16* inp, const bf16* w, const bf16* b,
+                                          const float* mean, const float* rstd, int N, int C,
+                                          cudaStream_t stream);
 // dinp (N,C) += d(out)/d(inp)^T dout (dinp already holds the residual gradient).
 [[nodiscard]] absl::Status LayerNormBackwardInput(bf16* dinp, const bf16* dout, const bf16* inp,
                                                   const bf16* w, const float* mean,

@@ -40,6 +40,10 @@ cudaError_t LaunchEncoderBackward(float* dwte, float* dwpe, const bf16* dout,
 // kernels_layernorm.cu
 cudaError_t LaunchLayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp,
                                    const bf16* w, const bf16* b, int N, int C, cudaStream_t stream);
+// The forward's output step alone, from its saved mean and rstd (bitwise the forward's out).
+cudaError_t LaunchLayerNormApply(bf16* out, const bf16* inp, const bf16* w, const bf16* b,
+                                 const float* mean, const float* rstd, int N, int C,
+                                 cudaStream_t stream);
 cudaError_t LaunchLayerNormBackwardInput(bf16* dinp, const bf16* dout, const bf16* inp,
                                          const bf16* w, const float* mean, const float* rstd, int N,
                                          int C, cudaStream_t stream);

@@ -1,5 +1,8 @@
 // LayerNorm forward and backward, and the bias gradient of a linear layer.
 //
+// LayerNormApply (the output stage alone, for recomputing a LayerNorm output that was not saved)
+// is elementwise and shares Normalize with the forward kernels, so it reproduces their bits.
+//
 // Row-wise kernels run one block per row, reduced with the deterministic block sums of
 // kernels_device.cuh. Aligned rows of up to kMaxCachedPacks * kRowThreads * kPack elements
 // (C <= 8192) stay in registers (as packed bf16) between the passes, so each input is read from
@@ -146,6 +149,35 @@ __global__ void LayerNormForwardCachedKernel(__nv_bfloat16* out, float* mean, fl
   if (threadIdx.x == 0) {
     mean[blockIdx.x] = m;
     rstd[blockIdx.x] = s;
+  }
+}
+
+// LayerNormForward's output stage alone, from the mean and rstd it saved: out = Normalize(x, mean,
+// rstd, w, b) per element with the same explicitly rounded arithmetic and the same bf16 rounding,
+// so out is bit for bit what the forward wrote (the saved statistics are the very floats the
+// forward normalized with). Elementwise, not row-wise: no reduction is needed, so a grid-stride
+// loop over packs of kVec elements (kVec = kPack: C a multiple of kPack and every pointer
+// 16-byte aligned, so a pack never straddles two rows; kVec = 1 otherwise).
+template <int kVec>
+__global__ void LayerNormApplyKernel(__nv_bfloat16* out, const __nv_bfloat16* inp,
+                                     const __nv_bfloat16* w, const __nv_bfloat16* b,
+                                     const float* mean, const float* rstd, std::int64_t n, int C) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x * kVec;
+  for (std::int64_t i = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec; i < n;
+       i += stride) {
+    const std::int64_t row = i / C;
+    const int c = static_cast<int>(i - row * C);
+    const float m = mean[row];
+    const float s = rstd[row];
+    float v[kVec];
+    float wv[kVec];
+    float bv[kVec];
+    LoadBf16<kVec>(inp + i, v);
+    LoadBf16<kVec>(w + c, wv);
+    LoadBf16<kVec>(b + c, bv);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[k] = Normalize(v[k], m, s, wv[k], bv[k]);
+    StoreBf16<kVec>(out + i, v);
   }
 }
 
@@ -348,6 +380,21 @@ cudaError_t LaunchLayerNormForward(bf16* out, float* mean, float* rstd, const bf
     LayerNormForwardKernel<true><<<N, kRowThreads, 0, stream>>>(out, mean, rstd, inp, w, b, C);
   } else {
     LayerNormForwardKernel<false><<<N, kRowThreads, 0, stream>>>(out, mean, rstd, inp, w, b, C);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLayerNormApply(bf16* out, const bf16* inp, const bf16* w, const bf16* b,
+                                 const float* mean, const float* rstd, int N, int C,
+                                 cudaStream_t stream) {
+  constexpr int kApplyThreads = 256;
+  const std::int64_t n = std::int64_t{N} * C;
+  if (CanPack(C, out, inp, w, b)) {
+    LayerNormApplyKernel<kPack><<<GridFor(n / kPack, kApplyThreads), kApplyThreads, 0, stream>>>(
+        out, inp, w, b, mean, rstd, n, C);
+  } else {
+    LayerNormApplyKernel<1><<<GridFor(n, kApplyThreads), kApplyThreads, 0, stream>>>(
+        out, inp, w, b, mean, rstd, n, C);
   }
   return cudaGetLastError();
 }
