@@ -2,8 +2,11 @@
 #include "examples/gpt/gpt_params.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "examples/gpt/rng.h"
@@ -44,6 +47,40 @@ absl::StatusOr<std::uint64_t> CombineTensorHashes(std::vector<TensorHash> hashes
   return hash;
 }
 
+std::uint64_t InitBlockSeed(std::uint64_t seed, int id, std::int64_t block) {
+  const auto tensor = static_cast<std::uint64_t>(id);
+  return block == 0 ? DeriveSeed({seed, tensor})
+                    : DeriveSeed({seed, tensor, static_cast<std::uint64_t>(block)});
+}
+
+ZeroedFloats::ZeroedFloats(std::int64_t size) : size_(size) {
+  PO_CHECK(size >= 0);
+  if (size == 0) return;
+  data_ = static_cast<float*>(std::calloc(static_cast<std::size_t>(size), sizeof(float)));
+  PO_CHECK_MSG(data_ != nullptr, absl::StrCat("out of host memory for ", size, " floats"));
+}
+
+ZeroedFloats::ZeroedFloats(const ZeroedFloats& other) : ZeroedFloats(other.size_) {
+  if (size_ > 0) std::memcpy(data_, other.data_, static_cast<std::size_t>(size_) * sizeof(float));
+}
+
+ZeroedFloats& ZeroedFloats::operator=(const ZeroedFloats& other) {
+  if (this != &other) *this = ZeroedFloats(other);
+  return *this;
+}
+
+ZeroedFloats::ZeroedFloats(ZeroedFloats&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+ZeroedFloats& ZeroedFloats::operator=(ZeroedFloats&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
 void ParameterBlock::Add(int id, const TensorSpec& spec, bool mirror) {
   PO_CHECK_MSG(params_.empty(), "ParameterBlock::Add after Allocate");
   ParamTensor tensor;
@@ -61,24 +98,57 @@ int ParameterBlock::Find(int id, bool mirror) const {
   return -1;
 }
 
-void ParameterBlock::Allocate(std::uint64_t seed) {
+void ParameterBlock::Allocate(std::uint64_t seed, int threads) {
   const std::int64_t total =
       tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().spec.numel();
-  params_.assign(static_cast<std::size_t>(total), 0.0f);
-  grads_.assign(params_.size(), 0.0f);
-  m_.assign(params_.size(), 0.0f);
-  v_.assign(params_.size(), 0.0f);
+  params_ = ZeroedFloats(total);
+  grads_ = ZeroedFloats(total);
+  m_ = ZeroedFloats(total);
+  v_ = ZeroedFloats(total);
+  // The work: every block of every tensor, in tensor order. Blocks are independent (each has
+  // its own stream), so any worker may take any block.
+  struct Block {
+    const ParamTensor* tensor;
+    std::int64_t index;
+  };
+  std::vector<Block> blocks;
   for (const ParamTensor& tensor : tensors_) {
-    float* p = params_.data() + tensor.offset;
-    const std::int64_t n = tensor.spec.numel();
-    if (tensor.spec.init_std > 0.0f) {
-      Rng rng(DeriveSeed({seed, static_cast<std::uint64_t>(tensor.id)}));
-      const double std = tensor.spec.init_std;
-      for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(std * rng.Normal());
-    } else {
-      std::fill(p, p + n, tensor.spec.init_value);
+    for (std::int64_t b = 0; b * kInitBlock < tensor.spec.numel(); ++b) {
+      blocks.push_back({&tensor, b});
     }
   }
+  auto fill = [this, seed](const Block& block) {
+    const ParamTensor& tensor = *block.tensor;
+    const std::int64_t begin = block.index * kInitBlock;
+    const std::int64_t end = std::min(tensor.spec.numel(), begin + kInitBlock);
+    float* p = params_.data() + tensor.offset;
+    if (tensor.spec.init_std > 0.0f) {
+      Rng rng(InitBlockSeed(seed, tensor.id, block.index));
+      const double std = tensor.spec.init_std;
+      for (std::int64_t i = begin; i < end; ++i) p[i] = static_cast<float>(std * rng.Normal());
+    } else {
+      std::fill(p + begin, p + end, tensor.spec.init_value);
+    }
+  };
+  // Workers: at most one per kInitBlock elements, so a small model is drawn on this thread.
+  const std::int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  const std::int64_t workers =
+      std::min({threads > 0 ? std::int64_t{threads} : hardware,
+                static_cast<std::int64_t>(blocks.size()), (total + kInitBlock - 1) / kInitBlock});
+  if (workers <= 1) {
+    for (const Block& block : blocks) fill(block);
+    return;
+  }
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next.fetch_add(1); i < blocks.size(); i = next.fetch_add(1)) {
+      fill(blocks[i]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();  // the calling thread is a worker too
+  for (std::thread& thread : pool) thread.join();
 }
 
 void ParameterBlock::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

@@ -1,10 +1,17 @@
 // Parameter storage for one virtual stage: values, gradient accumulators and AdamW moments of
 // the tensors it holds, in one contiguous block each. Also the AdamW step and the parameter
 // checksum, which work tensor by tensor so that any split of the model gives the same bits.
+//
+// Init is parallel but its bits depend on nothing but (seed, tensor id): each tensor is cut into
+// fixed blocks of kInitBlock elements and block b draws from its own stream InitBlockSeed(seed,
+// id, b); block 0's stream is the tensor's whole stream of the serial init this replaced, so a
+// tensor of at most kInitBlock elements (every tensor of the small models the tests and goldens
+// use) keeps exactly its old values.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_GPT_PARAMS_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_GPT_PARAMS_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,6 +35,38 @@ inline constexpr std::uint64_t kFnvOffsetBasis = 0xCBF29CE484222325ull;
 inline constexpr std::uint64_t kFnvPrime = 0x100000001B3ull;
 std::uint64_t Fnv1a64(const void* data, std::int64_t bytes, std::uint64_t hash = kFnvOffsetBasis);
 
+// Elements per init block (see the top of this file).
+inline constexpr std::int64_t kInitBlock = std::int64_t{1} << 20;
+// The seed of block `block` of tensor `id`'s init: DeriveSeed({seed, id}) for block 0 (the
+// serial stream of before), DeriveSeed({seed, id, block}) after it.
+std::uint64_t InitBlockSeed(std::uint64_t seed, int id, std::int64_t block);
+
+// A float array that starts zeroed, taken from calloc: the C library gets large ones from the
+// OS as untouched zero pages, so an array that is never written (the gradients and moments of
+// the host block a CUDA chunk is initialized from) costs neither a fill pass nor resident
+// memory. Copyable and movable like a vector; no resizing.
+class ZeroedFloats {
+ public:
+  ZeroedFloats() = default;
+  explicit ZeroedFloats(std::int64_t size);  // PO_CHECKs that calloc succeeded
+  ZeroedFloats(const ZeroedFloats& other);
+  ZeroedFloats& operator=(const ZeroedFloats& other);
+  ZeroedFloats(ZeroedFloats&& other) noexcept;
+  ZeroedFloats& operator=(ZeroedFloats&& other) noexcept;
+  ~ZeroedFloats() { std::free(data_); }
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  std::int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  float* begin() { return data_; }
+  float* end() { return data_ + size_; }
+
+ private:
+  float* data_ = nullptr;
+  std::int64_t size_ = 0;
+};
+
 // A tensor's global id and the FNV-1a hash of its parameter bytes.
 struct TensorHash {
   int id = 0;
@@ -46,10 +85,13 @@ class ParameterBlock {
 
   // Adds tensor `id` of `specs`; call before Allocate().
   void Add(int id, const TensorSpec& spec, bool mirror);
-  // Allocates the four arrays and initializes the parameters from `seed`: each tensor draws from
-  // its own stream DeriveSeed({seed, id}), so values do not depend on the split, and a mirror
-  // gets the bits of its original. Gradients and moments start at zero.
-  void Allocate(std::uint64_t seed);
+  // Allocates the four arrays and initializes the parameters from `seed`: N(0, init_std) drawn
+  // block by block (InitBlockSeed), or init_value, so values depend on neither the split nor
+  // the threads, and a mirror gets the bits of its original. Gradients and moments start at
+  // zero (and stay unmapped until written: ZeroedFloats). `threads` workers draw the blocks:
+  // 0 takes std::thread::hardware_concurrency(); never more than there are kInitBlock's worth
+  // of elements, and a block of at most kInitBlock elements is drawn on the calling thread.
+  void Allocate(std::uint64_t seed, int threads = 0);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   // Local index of tensor `id` (first non-mirror, else mirror), or -1.
@@ -59,7 +101,7 @@ class ParameterBlock {
   const float* param(int local) const { return params_.data() + tensors_[local].offset; }
   float* grad(int local) { return grads_.data() + tensors_[local].offset; }
   const float* grad(int local) const { return grads_.data() + tensors_[local].offset; }
-  std::int64_t numel() const { return static_cast<std::int64_t>(params_.size()); }
+  std::int64_t numel() const { return params_.size(); }
 
   void ZeroGrad();
   // One AdamW step (t = 1, 2, ...) on every tensor from its accumulated gradient.
@@ -69,10 +111,10 @@ class ParameterBlock {
 
  private:
   std::vector<ParamTensor> tensors_;
-  std::vector<float> params_;
-  std::vector<float> grads_;
-  std::vector<float> m_;  // AdamW first moment
-  std::vector<float> v_;  // AdamW second moment
+  ZeroedFloats params_;
+  ZeroedFloats grads_;
+  ZeroedFloats m_;  // AdamW first moment
+  ZeroedFloats v_;  // AdamW second moment
 };
 
 }  // namespace pipeoffload::gpt

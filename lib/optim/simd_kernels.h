@@ -2,6 +2,8 @@
 // AdamStepScalars and AdamSpan, and the kernels' declarations. Deliberately free of adam.h and
 // Abseil: those pull in <iostream>, whose static initializer would then be compiled with the
 // file's ISA flags and run at program start on every CPU, AVX or not. Only <cstdint> here.
+// The GPU Adam kernel takes the same two structs (lib/optim/cuda/adam_kernel_internal.h), so
+// this header must also stay something nvcc compiles.
 //
 // REQUIRES (all kernels): the CPU supports the kernel's ISA (CpuSupports); pointers valid for
 // `count` elements (param_bf16 may be null), arrays not overlapping, count >= 0. The kernels do

@@ -8,8 +8,11 @@
 //    engine's CPU and GPU Adam perform the same IEEE operations), with subgroups really on the
 //    GPU (so the comparison is not vacuous);
 //  - all of it in a 2-stage pipeline under po-f, with the stash peaks as predicted and bytes
-//    really offloaded; and the loss falls over the 5 steps.
+//    really offloaded; and the loss falls over the 5 steps;
+//  - the stage lines report the GPU optimizer state: the model's with none, nothing with cpu,
+//    the engines' two staging subgroups per stage with interleaved, a resident share with static.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <iterator>
 #include <memory>
@@ -105,6 +108,19 @@ int GpuSubgroups(const TrainResult& result) {
   return total;
 }
 
+// GPU optimizer-state bytes of every stage, read off the stage descriptions.
+std::vector<std::int64_t> GpuOptimizerState(const TrainResult& result) {
+  std::vector<std::int64_t> bytes;
+  const std::regex pattern(R"(GPU optimizer state (\d+) B)");
+  for (const StageSummary& stage : result.stages) {
+    std::smatch match;
+    INFO(stage.description);
+    REQUIRE(std::regex_search(stage.description, match, pattern));
+    bytes.push_back(std::stoll(match[1].str()));
+  }
+  return bytes;
+}
+
 TEST_CASE("optimizer offload: cpu, interleaved and static bitwise equal, none within tolerance",
           "[cuda_train]") {
   const TrainResult none = Train(Options("none"));
@@ -130,6 +146,23 @@ TEST_CASE("optimizer offload: cpu, interleaved and static bitwise equal, none wi
   CHECK(interleaved.checksum == cpu.checksum);
   CHECK(resident.losses == cpu.losses);
   CHECK(resident.checksum == cpu.checksum);
+
+  // Offload frees the GPU's copy: nothing with cpu; two staging subgroups (of 4096) per stage
+  // with interleaved; with static a share, below the model's own with none.
+  const std::vector<std::int64_t> none_state = GpuOptimizerState(none);
+  const std::vector<std::int64_t> cpu_state = GpuOptimizerState(cpu);
+  const std::vector<std::int64_t> interleaved_state = GpuOptimizerState(interleaved);
+  const std::vector<std::int64_t> static_state = GpuOptimizerState(resident);
+  REQUIRE(none_state.size() == static_cast<std::size_t>(kStages));
+  for (int s = 0; s < kStages; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    INFO("stage " << s);
+    CHECK(none_state[i] > 0);
+    CHECK(cpu_state[i] == 0);
+    CHECK(interleaved_state[i] == 2 * 12 * 4096);
+    CHECK(static_state[i] > 0);
+    CHECK(static_state[i] < none_state[i]);
+  }
 }
 
 }  // namespace

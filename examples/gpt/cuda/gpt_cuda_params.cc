@@ -92,8 +92,11 @@ absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
   PO_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(params->grad_, 0, static_cast<std::size_t>(n * 4), stream));
   if (with_optimizer_state) {
+    int device = 0;
+    PO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    params->state_memory_ = std::make_unique<DeviceAllocations>(device);
     for (float** array : {&params->master_, &params->m_, &params->v_}) {
-      PO_ASSIGN_OR_RETURN(*array, memory.AllocateArray<float>(n));
+      PO_ASSIGN_OR_RETURN(*array, params->state_memory_->AllocateArray<float>(n));
       PO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(*array, 0, static_cast<std::size_t>(n * 4), stream));
     }
   }
@@ -107,11 +110,16 @@ int DeviceParameters::Find(int id) const {
   return -1;
 }
 
+absl::Status DeviceParameters::NoStateError(const char* what) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " needs the GPU's fp32 master, m and v, but ",
+      dropped_ ? "they were dropped (DropOptimizerState: an optimizer-offload engine owns the "
+                 "optimizer state; read it there)"
+               : "these parameters were created without optimizer state"));
+}
+
 absl::Status DeviceParameters::UploadFrom(const ParameterBlock& block, cudaStream_t stream) {
   if (tensors_.empty()) return absl::OkStatus();
-  if (master_ == nullptr) {
-    return absl::FailedPreconditionError("UploadFrom needs parameters with optimizer state");
-  }
   std::vector<std::uint16_t> rounded;
   PO_RETURN_IF_ERROR(WaitForStream(stream, kWaitSeconds, "uploading parameters"));
   for (const DeviceTensor& tensor : tensors_) {
@@ -131,9 +139,11 @@ absl::Status DeviceParameters::UploadFrom(const ParameterBlock& block, cudaStrea
     // On the stream (a legacy-stream cudaMemcpy from pageable memory may still be in flight
     // when it returns, unordered with the non-blocking stream), then waited for, so `rounded`
     // can be reused.
-    PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(master_ + tensor.offset, values,
-                                            static_cast<std::size_t>(n * 4), cudaMemcpyHostToDevice,
-                                            stream));
+    if (master_ != nullptr) {
+      PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(master_ + tensor.offset, values,
+                                              static_cast<std::size_t>(n * 4),
+                                              cudaMemcpyHostToDevice, stream));
+    }
     PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bf16_ + tensor.offset, rounded.data(),
                                             static_cast<std::size_t>(n * 2), cudaMemcpyHostToDevice,
                                             stream));
@@ -166,9 +176,7 @@ absl::Status DeviceParameters::ZeroGrads(cudaStream_t stream) {
 absl::Status DeviceParameters::AdamWStep(const AdamWConfig& config, std::int64_t t,
                                          cudaStream_t stream) {
   if (tensors_.empty()) return absl::OkStatus();
-  if (master_ == nullptr) {
-    return absl::FailedPreconditionError("AdamWStep on parameters without optimizer state");
-  }
+  if (master_ == nullptr) return NoStateError("AdamWStep");
 #ifdef PO_GPT_CUDA_HAVE_ADAM
   AdamOptions options;
   options.learning_rate = config.learning_rate;
@@ -202,14 +210,29 @@ absl::Status DeviceParameters::AdamWStep(const AdamWConfig& config, std::int64_t
 
 absl::StatusOr<std::vector<float>> DeviceParameters::DownloadMaster(int local,
                                                                     cudaStream_t stream) const {
-  if (master_ == nullptr) {
-    return absl::InvalidArgumentError("DownloadMaster on parameters without optimizer state");
-  }
+  if (master_ == nullptr) return NoStateError("DownloadMaster");
   const DeviceTensor& tensor = tensors_[static_cast<std::size_t>(local)];
   std::vector<float> out(static_cast<std::size_t>(tensor.spec.numel()));
   PO_RETURN_IF_ERROR(
       CopyToHost(out.data(), master_ + tensor.offset, tensor.spec.numel() * 4, stream));
   return out;
+}
+
+absl::StatusOr<std::vector<float>> DeviceParameters::DownloadMasters(cudaStream_t stream) const {
+  if (tensors_.empty()) return std::vector<float>();
+  if (master_ == nullptr) return NoStateError("DownloadMasters");
+  std::vector<float> out(static_cast<std::size_t>(padded_));
+  PO_RETURN_IF_ERROR(CopyToHost(out.data(), master_, padded_ * 4, stream));
+  return out;
+}
+
+absl::Status DeviceParameters::DropOptimizerState(cudaStream_t stream) {
+  if (state_memory_ == nullptr) return absl::OkStatus();
+  PO_RETURN_IF_ERROR(WaitForStream(stream, kWaitSeconds, "dropping the optimizer state"));
+  state_memory_.reset();  // cudaFree of the three arrays, on their device
+  master_ = m_ = v_ = nullptr;
+  dropped_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> DeviceParameters::DownloadGrad(int local,

@@ -5,6 +5,9 @@
 //    freed after the destructor has waited for the stream; nothing allocates per step.
 //  - tokens_/targets_/losses_ hold microbatch mb at offset mb * N; they are rewritten only by
 //    StartIteration, on the stream, so kernels of the previous step that read them are done.
+//  - Created without optimizer state: no chunk holds a master, m or v once Create returns
+//    (initial_masters_ has one host copy per chunk instead, until taken); DropOptimizerState
+//    brings a model created with it to the same place, without the host copies.
 #include "examples/gpt/cuda/gpt_cuda_stage_model.h"
 
 #include <utility>
@@ -23,7 +26,7 @@ constexpr double kWaitSeconds = 120.0;
 
 absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
     Backend& backend, const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
-    std::shared_ptr<const GptData> data) {
+    std::shared_ptr<const GptData> data, bool with_optimizer_state) {
   PO_RETURN_IF_ERROR(ValidateGptConfig(config));
   PO_RETURN_IF_ERROR(ValidatePipelineShape(num_stages, chunks_per_stage, stage));
   if (data == nullptr) return absl::InvalidArgumentError("GptCudaStageModel needs a data source");
@@ -41,6 +44,14 @@ absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
     PO_ASSIGN_OR_RETURN(
         std::unique_ptr<GptCudaChunk> chunk,
         GptCudaChunk::CreateGpt(config, c * num_stages + stage, num_virtual, *model->context_));
+    if (!with_optimizer_state) {
+      // CreateGpt always allocates the state to upload the init: keep the masters on the host
+      // and give the GPU memory back before the next chunk takes its own.
+      PO_ASSIGN_OR_RETURN(std::vector<float> masters, chunk->params().DownloadMasters(stream));
+      PO_RETURN_IF_ERROR(chunk->params().DropOptimizerState(stream));
+      model->initial_masters_.push_back(std::move(masters));
+      model->masters_taken_.push_back(false);
+    }
     model->chunks_.push_back(std::move(chunk));
   }
   const std::int64_t mn = std::int64_t{config.num_microbatches} * dims.N();
@@ -90,10 +101,7 @@ absl::Status GptCudaStageModel::CheckCall(const char* op, int mb, int chunk,
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": mb ", mb, " is out of range [0, ", config_.num_microbatches, ")"));
   }
-  if (chunk < 0 || chunk >= chunks_per_stage()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": chunk ", chunk, " is out of range [0, ",
-                                                   chunks_per_stage(), ") on stage ", stage_));
-  }
+  PO_RETURN_IF_ERROR(CheckChunk(op, chunk));
   if (saved == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": saved is null"));
   if (step_ < 0) {
     return absl::FailedPreconditionError(
@@ -167,11 +175,85 @@ absl::Status GptCudaStageModel::StartIteration(std::int64_t step) {
 absl::Status GptCudaStageModel::OptimizerStep() {
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
-  ++optimizer_steps_;
+  if (!has_optimizer_state() && holds_parameters()) return NoOptimizerStateError("OptimizerStep");
+  // The step counts once every chunk took it.
+  const std::int64_t t = optimizer_steps_ + 1;
   for (auto& c : chunks_) {
-    PO_RETURN_IF_ERROR(c->params().AdamWStep(config_.optimizer, optimizer_steps_, stream_));
+    PO_RETURN_IF_ERROR(Annotate(c->params().AdamWStep(config_.optimizer, t, stream_),
+                                absl::StrCat("OptimizerStep on stage ", stage_)));
+  }
+  optimizer_steps_ = t;
+  return absl::OkStatus();
+}
+
+absl::Status GptCudaStageModel::CheckChunk(const char* op, int chunk) const {
+  if (chunk < 0 || chunk >= chunks_per_stage()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": chunk ", chunk, " is out of range [0, ",
+                                                   chunks_per_stage(), ") on stage ", stage_));
   }
   return absl::OkStatus();
+}
+
+bool GptCudaStageModel::holds_parameters() const {
+  for (const auto& c : chunks_) {
+    if (!c->params().tensors().empty()) return true;
+  }
+  return false;
+}
+
+absl::Status GptCudaStageModel::NoOptimizerStateError(const char* op) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      op, ": stage ", stage_, " keeps no optimizer state on the GPU (",
+      initial_masters_.empty() ? "dropped by DropOptimizerState" : "created without it",
+      "): an optimizer-offload engine owns the fp32 master, m and v; read them there"));
+}
+
+bool GptCudaStageModel::has_optimizer_state() const {
+  for (const auto& c : chunks_) {
+    if (c->params().has_optimizer_state()) return true;
+  }
+  return false;
+}
+
+std::int64_t GptCudaStageModel::optimizer_state_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& c : chunks_) bytes += c->params().optimizer_state_bytes();
+  return bytes;
+}
+
+std::int64_t GptCudaStageModel::device_bytes() const {
+  return context_->allocations().total_bytes() + optimizer_state_bytes();
+}
+
+absl::Status GptCudaStageModel::DropOptimizerState() {
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  for (auto& c : chunks_) PO_RETURN_IF_ERROR(c->params().DropOptimizerState(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> GptCudaStageModel::TakeInitialMasters(int chunk) {
+  PO_RETURN_IF_ERROR(CheckChunk("TakeInitialMasters", chunk));
+  if (initial_masters_.empty()) {
+    return absl::FailedPreconditionError(
+        "TakeInitialMasters: the model was created with its optimizer state on the GPU; read "
+        "the masters with DownloadMasters");
+  }
+  const auto c = static_cast<std::size_t>(chunk);
+  if (masters_taken_[c]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("TakeInitialMasters: chunk ", chunk, "'s masters were already taken"));
+  }
+  masters_taken_[c] = true;
+  return std::exchange(initial_masters_[c], std::vector<float>());
+}
+
+absl::StatusOr<std::vector<float>> GptCudaStageModel::DownloadMasters(int chunk) const {
+  PO_RETURN_IF_ERROR(CheckChunk("DownloadMasters", chunk));
+  if (!has_optimizer_state() && holds_parameters()) return NoOptimizerStateError("DownloadMasters");
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return chunks_[static_cast<std::size_t>(chunk)]->params().DownloadMasters(stream_);
 }
 
 bool GptCudaStageModel::holds_loss() const { return chunks_.back()->is_last(); }
@@ -213,6 +295,7 @@ absl::StatusOr<std::pair<const GptCudaChunk*, int>> GptCudaStageModel::FindTenso
 
 absl::StatusOr<std::vector<float>> GptCudaStageModel::DownloadMaster(int id) const {
   PO_ASSIGN_OR_RETURN(auto found, FindTensor(id));
+  if (!has_optimizer_state()) return NoOptimizerStateError("DownloadMaster");
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   return found.first->params().DownloadMaster(found.second, stream_);

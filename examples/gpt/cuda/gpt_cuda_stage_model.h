@@ -10,6 +10,8 @@
 //      order, which fixes every gradient's accumulation order: bitwise reproducible).
 //   3. OptimizerStep(): AdamW (LaunchAdamUpdate) on every chunk's fp32 master, m and v, which
 //      also rewrites the bf16 working copies.
+// A model created without optimizer state (an optimizer-offload engine owns it) skips 3; its
+// engines rewrite the bf16 copies (DeviceParameters::mutable_weights) instead.
 // Everything is enqueued on the backend's compute stream; only the readers of results
 // (Losses, ParameterHashes, DownloadMaster) and StartIteration's host-side token staging wait
 // for it. Differences from the CPU model: bf16 activations (the loss agrees to a tolerance,
@@ -44,12 +46,16 @@ class GptCudaStageModel final : public StageModel {
   // Stage `stage` of `num_stages` with `chunks_per_stage` chunks on `backend` (a CUDA backend,
   // which must outlive the model). Parameters, gradients, AdamW state, scratch and the step's
   // token buffers are cudaMalloc'd here (outside the runtime's arena), once.
+  // With `with_optimizer_state` false the model keeps no fp32 master, m or v on the GPU: each
+  // chunk's (which GptCudaChunk::CreateGpt allocates to upload the init) is copied to the host
+  // and dropped as soon as the chunk exists, so creation holds at most one chunk's state and
+  // the model none after; the host copies wait for TakeInitialMasters.
   // Errors: InvalidArgument for a bad config or pipeline shape, a corpus the config cannot
   // read, a non-CUDA backend, or sizes the CUDA kernels do not take (GptCudaChunk::CreateGpt);
   // Unimplemented for tied embeddings; allocation / CUDA / cuBLAS errors.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GptCudaStageModel>> Create(
       Backend& backend, const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
-      std::shared_ptr<const GptData> data);
+      std::shared_ptr<const GptData> data, bool with_optimizer_state = true);
   // Waits for the compute stream, then frees everything.
   ~GptCudaStageModel() override;
 
@@ -69,8 +75,31 @@ class GptCudaStageModel final : public StageModel {
   // --- Iteration protocol ---------------------------------------------------------------------
   [[nodiscard]] absl::Status StartIteration(std::int64_t step);
   // AdamW with bias correction t = steps so far + 1. Errors: FailedPrecondition when the build
-  // has no GPU Adam.
+  // has no GPU Adam, or without optimizer state (created without it, or dropped; the message
+  // says which).
   [[nodiscard]] absl::Status OptimizerStep();
+
+  // --- Optimizer state ------------------------------------------------------------------------
+  bool has_optimizer_state() const;
+  // Device bytes of the fp32 master, m and v the chunks hold now (12 per padded parameter, or
+  // 0 without optimizer state).
+  std::int64_t optimizer_state_bytes() const;
+  // Waits for the compute stream, then frees every chunk's fp32 master, m and v for good (for
+  // an optimizer-offload engine that took the masters: DownloadMasters first). Afterwards
+  // OptimizerStep, DownloadMaster(s) and ParameterHashes fail with FailedPrecondition: "stage
+  // s keeps no optimizer state on the GPU (dropped by DropOptimizerState | created without
+  // it): an optimizer-offload engine owns ...". OK when already without. Errors: the wait's.
+  [[nodiscard]] absl::Status DropOptimizerState();
+  // Chunk `chunk`'s fp32 masters at creation, over its flat arrays (padded_elements() values,
+  // padding zero): an engine's initial parameters. Only for a model created without optimizer
+  // state, once per chunk (the host copy is released). Errors: InvalidArgument for a chunk out
+  // of range; FailedPrecondition when the model was created with optimizer state (use
+  // DownloadMasters) or the chunk's copy was already taken.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> TakeInitialMasters(int chunk);
+  // Chunk `chunk`'s whole fp32 master array from the GPU (see TakeInitialMasters for the
+  // layout). Errors: InvalidArgument for a chunk out of range; FailedPrecondition without
+  // optimizer state.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadMasters(int chunk) const;
 
   // --- Results (each waits for the compute stream) --------------------------------------------
   bool holds_loss() const;
@@ -78,6 +107,7 @@ class GptCudaStageModel final : public StageModel {
   // the CPU model does. FailedPrecondition on a stage without the loss.
   [[nodiscard]] absl::StatusOr<std::vector<double>> Losses() const;
   // FNV-1a hashes of the fp32 master of each tensor (CombineTensorHashes gives the checksum).
+  // FailedPrecondition without optimizer state (an engine holds the masters then).
   [[nodiscard]] absl::StatusOr<std::vector<TensorHash>> ParameterHashes() const;
   // Tensor `id`'s fp32 master, bf16 copy (widened) or gradient, or NotFound on this stage.
   [[nodiscard]] absl::StatusOr<std::vector<float>> DownloadMaster(int id) const;
@@ -90,12 +120,18 @@ class GptCudaStageModel final : public StageModel {
   int num_tensors() const { return num_tensors_; }
   int chunks_per_stage() const { return static_cast<int>(chunks_.size()); }
   GptCudaChunk& chunk(int c) { return *chunks_[static_cast<std::size_t>(c)]; }
-  std::int64_t device_bytes() const { return context_->allocations().total_bytes(); }
+  // Device memory the model holds (cudaMalloc'd in Create): weights, gradients, scratch, token
+  // buffers and the optimizer state (optimizer_state_bytes()).
+  std::int64_t device_bytes() const;
 
  private:
   GptCudaStageModel(Backend& backend, const GptConfig& config, int num_stages, int stage,
                     std::shared_ptr<const GptData> data, int device, cudaStream_t stream);
   absl::Status CheckCall(const char* op, int mb, int chunk, const void* saved) const;
+  absl::Status CheckChunk(const char* op, int chunk) const;
+  bool holds_parameters() const;  // some chunk has tensors
+  // FailedPrecondition for `op` on a model without GPU optimizer state, saying why.
+  absl::Status NoOptimizerStateError(const char* op) const;
   // Chunk and local tensor index of global tensor `id`, or NotFound.
   absl::StatusOr<std::pair<const GptCudaChunk*, int>> FindTensor(int id) const;
 
@@ -109,6 +145,11 @@ class GptCudaStageModel final : public StageModel {
   const cudaStream_t stream_;
   std::unique_ptr<GptCudaContext> context_;  // before the chunks: they use its memory
   std::vector<std::unique_ptr<GptCudaChunk>> chunks_;
+
+  // Created without optimizer state: each chunk's masters at creation (TakeInitialMasters),
+  // and whether they were taken. Empty for a model created with it.
+  std::vector<std::vector<float>> initial_masters_;
+  std::vector<bool> masters_taken_;
 
   std::int64_t step_ = -1;
   std::int64_t optimizer_steps_ = 0;

@@ -1,15 +1,17 @@
 // The CUDA TrainStage (see train_stage_cuda.h). Invariants:
 //  - Every CUDA call runs with the backend's device current (ScopedDevice) and everything the
 //    stage enqueues goes on the backend's compute stream, after the model's kernels.
-//  - With optimizer offload, the engines own the fp32 master, m and v: the model's own master
-//    is never read (hashes come from the engines), and the model's OptimizerStep is never
-//    called, so its GPU AdamW never runs.
+//  - With optimizer offload, the engines own the fp32 master, m and v: the model is created
+//    without its own (nothing of it stays on the GPU), its masters at creation go to the
+//    engines (TakeInitialMasters), hashes come from the engines, and the model's OptimizerStep
+//    is never called.
 //  - Each engine gets every gradient of its chunk exactly once per step, as one range (so its
 //    gradient norm is exactly reproducible).
 #include "examples/gpt/train_cuda/train_stage_cuda.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -31,6 +33,17 @@ namespace {
 using cuda::bf16;
 using cuda::DeviceParameters;
 using cuda::GptCudaStageModel;
+
+// Stage creations of this process one at a time, so that each one's cudaMemGetInfo difference
+// sees its own allocations (stages as threads on one GPU would otherwise overlap).
+std::mutex creation_mutex;
+
+// Bytes of device memory in use on the current device.
+absl::StatusOr<std::int64_t> DeviceUsedBytes() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  PO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<std::int64_t>(total_bytes - free_bytes);
+}
 
 // One chunk's optimizer-offload engine and its bf16 gradient scratch.
 struct ChunkEngine {
@@ -78,18 +91,13 @@ class CudaTrainStage final : public TrainStage {
     PO_RETURN_IF_ERROR(guard.Enter(device_));
     const AdamWConfig& adamw = model_->config().optimizer;
     for (int c = 0; c < model_->chunks_per_stage(); ++c) {
-      const DeviceParameters& params = model_->chunk(c).params();
+      DeviceParameters& params = model_->chunk(c).params();
       const std::int64_t n = params.padded_elements();
-      if (n == 0) continue;
-      if (params.tensors().front().offset != 0) {
-        return absl::InternalError("the chunk's first tensor does not start its arrays");
-      }
       // The fp32 masters the model was created with, padding zero (its Adam keeps it zero).
-      std::vector<float> initial(static_cast<std::size_t>(n), 0.0f);
-      for (const cuda::DeviceTensor& tensor : params.tensors()) {
-        PO_ASSIGN_OR_RETURN(std::vector<float> master, model_->DownloadMaster(tensor.id));
-        std::copy(master.begin(), master.end(),
-                  initial.begin() + static_cast<std::ptrdiff_t>(tensor.offset));
+      PO_ASSIGN_OR_RETURN(std::vector<float> initial, model_->TakeInitialMasters(c));
+      if (n == 0) continue;
+      if (params.tensors().front().offset != 0 || static_cast<std::int64_t>(initial.size()) != n) {
+        return absl::InternalError("the chunk's masters do not cover its flat arrays");
       }
       OptimizerOffloadOptions engine_options;
       engine_options.num_params = n;
@@ -106,7 +114,7 @@ class CudaTrainStage final : public TrainStage {
       engine_options.device = device_;
       engine_options.timeout_seconds = std::max(600.0, options_.watchdog_seconds);
       // The working copy the kernels read: the engine rewrites it in place at every step.
-      auto* weights = reinterpret_cast<std::uint16_t*>(const_cast<bf16*>(params.weight(0)));
+      auto* weights = reinterpret_cast<std::uint16_t*>(params.mutable_weights());
       absl::StatusOr<std::unique_ptr<OptimizerOffload>> engine = OptimizerOffload::Create(
           engine_options, initial, std::span<std::uint16_t>(weights, static_cast<std::size_t>(n)));
       if (!engine.ok()) {
@@ -160,36 +168,50 @@ class CudaTrainStage final : public TrainStage {
   }
   int num_tensors() const override { return model_->num_tensors(); }
 
-  // The model's device memory (weights, gradients, its own AdamW state, scratch, token
-  // buffers) plus the engines' device state, gradients and scratch and our bf16 gradients.
+  // The model's device memory (weights, gradients, its AdamW state if it has one, scratch,
+  // token buffers) plus the engines' device state, gradients and scratch and our bf16
+  // gradients.
   std::int64_t ModelStateBytes() const override {
-    std::int64_t bytes = model_->device_bytes() + scratch_.total_bytes();
-    for (const ChunkEngine& entry : engines_) {
-      const OptimizerMemory memory = entry.engine->memory();
-      bytes += memory.device_state_bytes + memory.device_grad_bytes + memory.device_scratch_bytes;
-    }
-    return bytes;
+    const CudaStageMemory memory = Memory();
+    return memory.model_bytes + memory.engine_state_bytes + memory.engine_other_bytes;
   }
 
   std::string Describe() const override {
-    std::string text = absl::StrCat(backend_.Name(), ", bf16 GPT; ", model_->device_bytes(),
-                                    " B of model memory on the GPU");
+    const CudaStageMemory memory = Memory();
+    std::string text = absl::StrCat(
+        backend_.Name(), ", bf16 GPT; ", memory.model_bytes, " B of model memory on the GPU; ",
+        "GPU optimizer state ", memory.optimizer_state_bytes(), " B (model ",
+        memory.model_optimizer_bytes, " B, engines ", memory.engine_state_bytes, " B); ",
+        memory.measured_bytes, " B of GPU memory taken at creation (cudaMemGetInfo)");
     if (!offloaded()) return absl::StrCat(text, "; AdamW state on the GPU");
-    std::int64_t pinned = 0, device_state = 0, subgroups = 0, on_gpu = 0;
+    std::int64_t pinned = 0, subgroups = 0, on_gpu = 0;
     for (const ChunkEngine& entry : engines_) {
-      const OptimizerMemory memory = entry.engine->memory();
-      pinned += memory.pinned_host_bytes;
-      device_state +=
-          memory.device_state_bytes + memory.device_grad_bytes + memory.device_scratch_bytes;
+      pinned += entry.engine->memory().pinned_host_bytes;
       subgroups += entry.engine->num_subgroups();
       for (SubgroupPlace place : entry.engine->placement()) on_gpu += place != SubgroupPlace::kCpu;
     }
     absl::StrAppend(&text, "; optimizer offload ",
                     TrainOptimizerOffloadName(options_.optimizer_offload), ": ", engines_.size(),
                     " engine(s), ", subgroups, " subgroups (", on_gpu, " on the GPU), pinned host ",
-                    pinned, " B, GPU optimizer memory ", device_state, " B");
+                    pinned, " B, engines' GPU gradients and scratch ", memory.engine_other_bytes,
+                    " B");
     return text;
   }
+
+  CudaStageMemory Memory() const {
+    CudaStageMemory memory;
+    memory.model_bytes = model_->device_bytes();
+    memory.model_optimizer_bytes = model_->optimizer_state_bytes();
+    memory.engine_other_bytes = scratch_.total_bytes();
+    for (const ChunkEngine& entry : engines_) {
+      const OptimizerMemory engine = entry.engine->memory();
+      memory.engine_state_bytes += engine.device_state_bytes;
+      memory.engine_other_bytes += engine.device_grad_bytes + engine.device_scratch_bytes;
+    }
+    memory.measured_bytes = measured_bytes_;
+    return memory;
+  }
+  void set_measured_bytes(std::int64_t bytes) { measured_bytes_ = bytes; }
 
  private:
   bool offloaded() const { return options_.optimizer_offload != TrainOptimizerOffload::kNone; }
@@ -229,6 +251,7 @@ class CudaTrainStage final : public TrainStage {
   cuda::DeviceAllocations scratch_;  // the engines' bf16 gradients
   std::vector<ChunkEngine> engines_;
   double last_optimizer_seconds_ = 0.0;
+  std::int64_t measured_bytes_ = 0;  // cudaMemGetInfo's difference across creation
 };
 
 }  // namespace
@@ -239,8 +262,17 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCudaTrainStage(const TrainOpti
                                                                  int cpu_threads) {
   PO_ASSIGN_OR_RETURN(const int device, CudaBackendDevice(backend));
   PO_ASSIGN_OR_RETURN(const cudaStream_t stream, CudaComputeStream(backend));
-  absl::StatusOr<std::unique_ptr<GptCudaStageModel>> model = GptCudaStageModel::Create(
-      backend, spec.config, spec.num_stages, spec.chunks_per_stage, spec.stage, spec.data);
+  const bool offload = options.optimizer_offload != TrainOptimizerOffload::kNone;
+  const std::lock_guard<std::mutex> lock(creation_mutex);
+  std::int64_t used_before = 0;
+  {
+    internal::ScopedDevice guard;
+    PO_RETURN_IF_ERROR(guard.Enter(device));
+    PO_ASSIGN_OR_RETURN(used_before, DeviceUsedBytes());
+  }
+  absl::StatusOr<std::unique_ptr<GptCudaStageModel>> model =
+      GptCudaStageModel::Create(backend, spec.config, spec.num_stages, spec.chunks_per_stage,
+                                spec.stage, spec.data, /*with_optimizer_state=*/!offload);
   if (!model.ok()) {
     if (model.status().code() == absl::StatusCode::kUnimplemented) {
       return absl::InvalidArgumentError(
@@ -250,10 +282,21 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCudaTrainStage(const TrainOpti
   }
   auto stage =
       std::make_unique<CudaTrainStage>(options, backend, device, stream, *std::move(model));
-  if (options.optimizer_offload != TrainOptimizerOffload::kNone) {
-    PO_RETURN_IF_ERROR(stage->CreateEngines(cpu_threads));
-  }
+  if (offload) PO_RETURN_IF_ERROR(stage->CreateEngines(cpu_threads));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device));
+  PO_ASSIGN_OR_RETURN(const std::int64_t used_after, DeviceUsedBytes());
+  stage->set_measured_bytes(used_after - used_before);
   return std::unique_ptr<TrainStage>(std::move(stage));
+}
+
+absl::StatusOr<CudaStageMemory> GetCudaStageMemory(const TrainStage& stage) {
+  const auto* cuda_stage = dynamic_cast<const CudaTrainStage*>(&stage);
+  if (cuda_stage == nullptr) {
+    return absl::InvalidArgumentError(
+        "GetCudaStageMemory: the stage was not made by CreateCudaTrainStage");
+  }
+  return cuda_stage->Memory();
 }
 
 }  // namespace pipeoffload::gpt

@@ -9,11 +9,15 @@
 // working copy in place. Once per step the chunk's fp32 gradient accumulators are rounded to
 // bf16 into a scratch array (Fp32ToBf16) and handed to the engine (AddGradients), which takes
 // bf16 gradients: so against the GPU AdamW (--optimizer-offload none) the update differs by
-// that rounding only. The model's own GPU master, m and v stay allocated (unused): the CUDA
-// model has no way to leave them out yet.
+// that rounding only. The model is created without GPU optimizer state (GptCudaStageModel::
+// Create(..., with_optimizer_state = false)): each chunk's fp32 master, m and v are freed as
+// soon as the chunk exists, and the engines start from the host copies of its masters, so the
+// GPU holds only what the engine puts there (nothing for cpu, two staging subgroups for
+// interleaved, the resident share for static).
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_CUDA_TRAIN_STAGE_CUDA_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_CUDA_TRAIN_STAGE_CUDA_H_
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -34,6 +38,26 @@ namespace pipeoffload::gpt {
 // (ResourceExhausted when pinned host memory is short, naming the bytes).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<TrainStage>> CreateCudaTrainStage(
     const TrainOptions& options, const TrainStageSpec& spec, Backend& backend, int cpu_threads);
+
+// GPU memory of a stage from CreateCudaTrainStage, by owner (bytes).
+struct CudaStageMemory {
+  std::int64_t model_bytes = 0;            // the model's (GptCudaStageModel::device_bytes)
+  std::int64_t model_optimizer_bytes = 0;  // of which its fp32 master, m and v (0 with offload)
+  std::int64_t engine_state_bytes = 0;     // the engines' fp32 p, m, v on the GPU
+  std::int64_t engine_other_bytes = 0;     // the engines' GPU fp32 grads and scratch, and the
+                                           // stage's bf16 gradient copies handed to them
+  // GPU memory that went from free to used while the stage was created (cudaMemGetInfo
+  // before and after, stage creations in one process serialized): the accounted bytes plus
+  // the CUDA libraries' own and allocation rounding. Approximate when other threads allocate
+  // on the same GPU meanwhile (stages as threads: their backends and arenas).
+  std::int64_t measured_bytes = 0;
+
+  // What the stage's optimizer keeps on the GPU: the model's state plus the engines'.
+  std::int64_t optimizer_state_bytes() const { return model_optimizer_bytes + engine_state_bytes; }
+};
+
+// The memory of `stage`, which must come from CreateCudaTrainStage (InvalidArgument else).
+[[nodiscard]] absl::StatusOr<CudaStageMemory> GetCudaStageMemory(const TrainStage& stage);
 
 // OK when at least `needed` CUDA devices are visible. Errors: FailedPrecondition saying how many
 // there are (none: no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them) and what was asked.

@@ -1,5 +1,6 @@
 // The fused Adam kernel, the bf16 -> fp32 upcast and the deterministic sum of squares
-// (adam_kernel.h). Bitwise parity with AdamUpdateScalar rests on three things:
+// (adam_kernel.h). The Adam kernel's argument is the CPU kernels' KernelScalars + KernelSpan
+// (adam_kernel_internal.h). Bitwise parity with AdamUpdateScalar rests on three things:
 //  - every multiply and add is an explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn),
 //    which nvcc never contracts into an FMA (a plain `a * b + c` it would);
 //  - sqrt and division are __fsqrt_rn / __fdiv_rn, correctly rounded like the CPU's sqrtss /
@@ -132,8 +133,8 @@ __device__ __forceinline__ float Load(const std::uint16_t* x, std::int64_t i) {
 // block lane j of 16 adds double(x[i])^2 for i = j, j + 16, ... in index order (the square is
 // exact in double); the lanes meet in the tree a[j] + a[j+8], then + 4, + 2, + 1; the block sums
 // are added in block order. Here 16 consecutive threads of a warp are one block's lanes and the
-// tree is three shuffles; a single warp then adds the block sums in order.
-constexpr int kSumLanes = 16;
+// tree is three shuffles; a single warp then adds the block sums in order. The lane count is
+// the CPU's own constant (simd_kernels.h's kSumLanes), so the two cannot drift apart.
 constexpr int kSumBlocksPerCta = kThreads / kSumLanes;
 
 template <typename T>

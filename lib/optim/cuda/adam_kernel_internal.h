@@ -8,28 +8,18 @@
 
 #include <cstdint>
 
+#include "lib/optim/simd_kernels.h"
+
 namespace pipeoffload::internal {
 
-// AdamStepScalars and AdamSpan flattened into one by-value kernel argument (adam.h's field
-// meanings; include/pipeoffload/adam.h is not included here because it pulls in Abseil).
-struct AdamKernelArgs {
-  float grad_scale;
-  float weight_decay;
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float decay_factor;
-  float inv_sqrt_bias_correction2;
-  float epsilon;
-  float step_size;
-  float* param;        // (count) fp32
-  float* exp_avg;      // (count) fp32
-  float* exp_avg_sq;   // (count) fp32
-  const float* grad;   // (count) fp32
-  std::uint16_t* param_bf16;  // (count) bf16 bits, or null
-  std::int64_t count;  // > 0
-};
+// The kernel's one by-value argument: the step's scalars and the span, as the very structs the
+// CPU's SIMD kernels take (simd_kernels.h mirrors AdamStepScalars and AdamSpan field for field,
+// without Abseil, so nvcc can take it). One mirror for both back ends: a field added to the
+// public types is added once. Fields are reached by name (a.beta1, a.param) as before; an
+// aggregate, so a flat initializer list fills KernelScalars' fields, then KernelSpan's.
+struct AdamKernelArgs : KernelScalars, KernelSpan {};
+static_assert(sizeof(AdamKernelArgs) == sizeof(KernelScalars) + sizeof(KernelSpan),
+              "no padding between the scalars and the span");
 
 cudaError_t LaunchAdamKernel(const AdamKernelArgs& args, cudaStream_t stream);
 
