@@ -10,10 +10,15 @@
 //      H2D alone and together; or --pcie-gbs / --duplex-gbs).
 //   2. F and B of one chunk timed alone on the GPU (CUDA events, median of --reps).
 //   3. Each policy compiled with the planner's one-GPU costs (pipeline_bench_plan.h: compute
-//      x p, one host link) and predicted by SimulateSharedGpu from the solo costs.
-//   4. Each policy run --warmup + --steps iterations: median step, model TFLOP/s (72h^2s +
-//      12s^2h per layer and microbatch), stash peaks measured vs predicted, offloaded bytes
-//      and the offload copies' achieved GB/s, predicted vs measured step, device memory.
+//      x p, the link split p ways; P:shared one link shared with BARRIER hand-overs) and
+//      predicted by SimulateSharedGpu from the solo costs.
+//   4. Each policy run --warmup + --steps iterations (RELEASE deferred, or with --release=wait
+//      blocking): median step, model TFLOP/s (72h^2s + 12s^2h per layer and microbatch),
+//      stash peaks per stage (logical, measured vs predicted, and physical), offloaded bytes
+//      and the offload copies' achieved GB/s, waits (in BARRIER, for released blocks' copies),
+//      predicted vs measured step, device memory.
+//   5. Once 1f1b has run: every policy's calibrated prediction, SimulateSharedGpu with its
+//      compute costs x (measured 1f1b step / 1f1b's solo-cost prediction), CalibrationScale.
 // Policies: 1f1b (1F1B, one chunk per stage, no offload: the baseline), none (--family and
 // --chunks without offload), po-h, po-f, selective, auto (on --family / --chunks). The 1f1b
 // baseline cuts the layers differently, so its models are rebuilt (same layers, same seed).
@@ -75,6 +80,7 @@ gpt::cuda::LayerStackShape GptShape(const BenchOptions& options, const Layout& l
   shape.layers_per_chunk = layout.layers_per_chunk;
   shape.chunks_per_stage = layout.chunks;
   shape.seed = kSeed;
+  shape.lean_saved = options.lean_saved;
   return shape;
 }
 #else
@@ -318,6 +324,8 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
   std::vector<std::unique_ptr<Executor>> executors;
   ExecutorOptions executor_options;
   executor_options.wait_timeout_seconds = kWaitTimeoutSeconds;
+  executor_options.stash.wait_for_copy_at_release = options.release_wait;
+  executor_options.stash_physical_slack_bytes = options.release_uncapped ? -1 : 0;
   for (int d = 0; d < p; ++d) {
     StageRig& rig = rigs[static_cast<std::size_t>(d)];
     DeviceArenaOptions arena_options;
@@ -339,6 +347,7 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
   }
   PO_ASSIGN_OR_RETURN(result.device_used_bytes, DeviceUsedBytes());
   result.stash_peak.assign(static_cast<std::size_t>(p), 0);
+  result.stash_physical_peak.assign(static_cast<std::size_t>(p), 0);
   for (int step = 0; step < options.warmup + options.steps; ++step) {
     for (auto& model : timed) model->StartStep();
     absl::StatusOr<StepResult> ran = RunStep(executors, rigs);
@@ -357,16 +366,19 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
     result.gpu_busy = UnionLength(std::move(spans));
     std::vector<CopyInterval> copies;
     for (const IterationStats& stage : ran->stats) {
-      auto& peak = result.stash_peak[static_cast<std::size_t>(stage.stage)];
-      peak = std::max(peak, stage.stash_high_water_bytes);
+      const auto d = static_cast<std::size_t>(stage.stage);
+      result.stash_peak[d] = std::max(result.stash_peak[d], stage.stash_high_water_bytes);
+      result.stash_physical_peak[d] =
+          std::max(result.stash_physical_peak[d], stage.stash_physical_high_water_bytes);
       result.offloaded_bytes += stage.offloaded_bytes;
       result.wait_seconds.push_back(stage.wait_seconds);
-      double release = 0.0, barrier = 0.0;
+      // Release waits from the executor: RELEASE no longer blocks by default, so the time
+      // spent on released blocks' copies is wherever a block was needed (not the RELEASE op).
+      result.release_wait.push_back(stage.release_wait_seconds);
+      double barrier = 0.0;
       for (const TimedOp& op : stage.ops) {
-        if (op.op.kind == OpKind::kRelease) release += op.end - op.start;
         if (op.op.kind == OpKind::kBarrier) barrier += op.end - op.start;
       }
-      result.release_wait.push_back(release);
       result.barrier_wait.push_back(barrier);
       for (const TimedOp& op : stage.ops) {
         if (op.op.kind == OpKind::kOffload || op.op.kind == OpKind::kReload) {
@@ -436,7 +448,8 @@ absl::Status DryRun(const BenchOptions& options) {
   const Layout layout = PolicyLayout(options, "none");
   PO_RETURN_IF_ERROR(CheckModel(options, layout));
   const ChunkCosts costs = EstimatedCosts(options, layout);
-  std::printf("(--dry-run: F and B %s, link 55.3/55.3/46 GB/s)\n",
+  std::printf("(--dry-run: F and B %s, link 55.3/55.3/46 GB/s; one-GPU steps from these solo "
+              "costs: the calibrated ones need a measured 1f1b step)\n",
               options.forward_ms > 0 ? "as given" : "estimated at 600 TFLOP/s");
   BenchOptions each = options;
   bool failed = false;
@@ -468,7 +481,8 @@ absl::Status Bench(const BenchOptions& options) {
   StageModel& model = *(*rigs)[probe].model;
 
   BenchRun run;
-  run.model = ModelName(options);
+  // The record names the layout too: "gpt --saved=lean" rows are not comparable to full ones.
+  run.model = absl::StrCat(ModelName(options), options.lean_saved ? " --saved=lean" : "");
   run.hidden = options.hidden;
   run.heads = options.Heads();
   run.sequence = options.sequence;
@@ -478,6 +492,8 @@ absl::Status Bench(const BenchOptions& options) {
   run.layers_per_chunk = options.layers_per_chunk;
   run.family = options.family;
   run.model_flops_per_step = ModelFlopsPerStep(options);
+  run.release_mode =
+      options.release_wait ? "wait" : (options.release_uncapped ? "defer-uncapped" : "defer");
   PO_ASSIGN_OR_RETURN(run.gemm_flops, MeasureGemmRate(backend, kGemmRateSize, kGemmRateReps));
   ChunkCosts costs;
   PO_ASSIGN_OR_RETURN(costs.times, MeasureChunkTimes(backend, model, options.reps));
@@ -574,6 +590,11 @@ absl::Status Bench(const BenchOptions& options) {
     }
   }
   run.policies = std::move(results);
+  // Only now: the scale comes from 1f1b's measured step, and 1f1b runs last when its layout
+  // differs from the others'.
+  if (absl::Status calibrated = Calibrate(plans, run); !calibrated.ok()) {
+    std::fprintf(stderr, "pipeline_bench: %s\n", calibrated.ToString().c_str());
+  }
   const std::string table = RunToMarkdown(run);
   std::printf("%s\n", table.c_str());
   PO_RETURN_IF_ERROR(AppendFile(options.out, table + "\n"));

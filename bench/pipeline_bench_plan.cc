@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "lib/base/check.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 
@@ -59,7 +60,7 @@ bool KnownPolicy(const std::string& name) {
   const PolicyName split = SplitPolicyName(name);
   if (!KnownBase(split.base)) return false;
   const bool offloads = split.base != "1f1b" && split.base != "none";
-  if (split.scale < 0.0 || (!offloads && (split.scale != 0.0 || split.split_link))) return false;
+  if (split.scale < 0.0 || (!offloads && (split.scale != 0.0 || split.link_suffix))) return false;
   return split.scale == 0.0 || split.scale >= 1.0;
 }
 
@@ -84,32 +85,43 @@ PipelineSpec PolicySpec(const BenchOptions& options, const std::string& name,
 }  // namespace
 
 PolicyName SplitPolicyName(const std::string& name) {
+  PolicyName out;
   std::string rest = name;
-  bool split = false;
   if (const std::size_t colon = rest.find(':'); colon != std::string::npos) {
-    if (rest.substr(colon) != ":split") return PolicyName{name, -1.0, false};
-    split = true;
+    const std::string suffix = rest.substr(colon);
+    if (suffix != ":shared" && suffix != ":split") return PolicyName{name, -1.0, false, false};
+    out.shared_link = suffix == ":shared";
+    out.link_suffix = true;
     rest = rest.substr(0, colon);
   }
   const std::size_t at = rest.find('@');
-  if (at == std::string::npos) return PolicyName{rest, 0.0, split};
-  double scale = 0.0;
-  if (!absl::SimpleAtod(rest.substr(at + 1), &scale) || !(scale > 0.0) || !std::isfinite(scale)) {
-    return PolicyName{name, -1.0, split};  // KnownPolicy rejects it
+  out.base = rest.substr(0, at);
+  if (at == std::string::npos) return out;
+  if (!absl::SimpleAtod(rest.substr(at + 1), &out.scale) || !(out.scale > 0.0) ||
+      !std::isfinite(out.scale)) {
+    return PolicyName{name, -1.0, false, false};  // KnownPolicy rejects it
   }
-  return PolicyName{rest.substr(0, at), scale, split};
+  return out;
 }
 
 const char kBenchUsage[] =
-    "usage: pipeline_bench [--model=gemm|gpt] [--hidden=4096] [--heads=h/128] [--seq=2048]\n"
+    "usage: pipeline_bench [--model=gemm|gpt] [--saved=full|lean] [--hidden=4096] [--heads=h/128]\n"
+    "  [--seq=2048] (lean: the GPT's layers save 20 h bytes per token instead of 32 h and\n"
+    "   recompute LayerNorm outputs and GELU before the weight gradients)\n"
     "  [--layers-per-chunk=1] [--microbatches=4p] [--stages=4]\n"
     "  [--family=1f1b|interleaved|group-interleaved] [--chunks=1]\n"
     "  [--policy=P | --policies=P,P,...|all] (P: 1f1b|none|po-h|po-f|selective|auto, an\n"
-    "   offload policy optionally @C to plan it at compute factor C and/or :split for a link\n"
-    "   split p ways instead of shared; all = 1f1b,none,po-h,po-f,selective,auto)\n"
+    "   offload policy optionally @C to plan it at compute factor C and/or :shared to plan it\n"
+    "   on one link shared by the p stages (BARRIER hand-overs) instead of the default link\n"
+    "   split p ways (:split, accepted, is the default); all = 1f1b,none,po-h,po-f,selective,\n"
+    "   auto)\n"
     "  [--offload-fraction=0.5] [--budget-gb=G | --budget-fraction=0.5] [--steps=5]\n"
     "  [--warmup=2] [--reps=5] [--pcie-gbs=G] [--duplex-gbs=G] (0 = measure)\n"
     "  [--planner-scale=C (0 = search 1..p)] [--sim-tolerance=0.01]\n"
+    "  [--release=defer|wait|defer-uncapped] (RELEASE frees its device block once the D2H copy\n"
+    "   ends without blocking the stage, an allocation past the predicted stash peak waiting\n"
+    "   instead; or host-waits the copy first: the blocking RELEASE, to A/B; or defers without\n"
+    "   the cap: released blocks may use any free arena memory meanwhile)\n"
     "  [--out=MD] [--json=JSONL] [--trace-dir=DIR] [--dry-run [--forward-ms=F --backward-ms=B]]\n"
     "  or: pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n";
 
@@ -131,6 +143,9 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
     if (flag == "--model") {
       if (value != "gemm" && value != "gpt") return BadFlag(flag, value, "gemm or gpt");
       options.model = value;
+    } else if (flag == "--saved") {
+      if (value != "full" && value != "lean") return BadFlag(flag, value, "full or lean");
+      options.lean_saved = value == "lean";
     } else if (flag == "--hidden") {
       PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 64, 65536, &options.hidden));
     } else if (flag == "--heads") {
@@ -159,7 +174,7 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
           if (!KnownPolicy(one)) {
             return BadFlag(flag, value,
                            "1f1b, none, po-h, po-f, selective, auto or all (comma-separated; "
-                           "an offload policy may end in @C, C >= 1, and :split)");
+                           "an offload policy may end in @C, C >= 1, and in :shared or :split)");
           }
           if (std::find(options.policies.begin(), options.policies.end(), one) ==
               options.policies.end()) {
@@ -191,6 +206,12 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
       PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1024.0, &options.planner_scale));
     } else if (flag == "--sim-tolerance") {
       PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1.0, &options.sim_tolerance));
+    } else if (flag == "--release") {
+      if (value != "defer" && value != "wait" && value != "defer-uncapped") {
+        return BadFlag(flag, value, "defer, wait or defer-uncapped");
+      }
+      options.release_wait = value == "wait";
+      options.release_uncapped = value == "defer-uncapped";
     } else if (flag == "--out") {
       options.out = value;
     } else if (flag == "--json") {
@@ -286,7 +307,8 @@ absl::StatusOr<PlannedPolicy> PlanAtScale(const BenchOptions& options, const std
   plan.solo = solo;
   plan.planner_scale = scale;
   CostModel planner = PlannerCostModel(solo, scale);
-  if (SplitPolicyName(policy).split_link) {
+  if (!SplitPolicyName(policy).shared_link) {
+    // The default: each stage plans on its own 1/p of the link (see the header's top).
     const double p = static_cast<double>(options.stages);
     planner.host_link_group_size = 1;
     planner.d2h_bandwidth /= p;
@@ -391,8 +413,9 @@ absl::StatusOr<std::vector<PlannedPolicy>> PlanPolicies(const BenchOptions& opti
                                                         const ChunkCosts& costs,
                                                         const LinkFigures& link) {
   std::int64_t budget = static_cast<std::int64_t>(options.budget_gb * 1e9);
-  const bool has_auto = std::find(options.policies.begin(), options.policies.end(), "auto") !=
-                        options.policies.end();
+  const bool has_auto =
+      std::any_of(options.policies.begin(), options.policies.end(),
+                  [](const std::string& name) { return SplitPolicyName(name).base == "auto"; });
   if (budget == 0 && has_auto) {
     PO_ASSIGN_OR_RETURN(const PlannedPolicy base,
                         PlanPolicy(options, "1f1b", costs, options.layers_per_chunk, link, 0));
@@ -406,6 +429,55 @@ absl::StatusOr<std::vector<PlannedPolicy>> PlanPolicies(const BenchOptions& opti
     plans.push_back(std::move(plan));
   }
   return plans;
+}
+
+absl::StatusOr<double> CalibrationScale(double measured_baseline_step,
+                                        double predicted_baseline_step) {
+  for (const double step : {measured_baseline_step, predicted_baseline_step}) {
+    if (!(step > 0.0) || !std::isfinite(step)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration needs positive finite baseline steps; measured ", measured_baseline_step,
+          " s, predicted ", predicted_baseline_step, " s"));
+    }
+  }
+  return measured_baseline_step / predicted_baseline_step;
+}
+
+absl::StatusOr<SharedGpuPrediction> CalibratedPrediction(const PlannedPolicy& plan,
+                                                         double scale) {
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration scale ", scale, " is not positive and finite"));
+  }
+  // Compute only: the copies' bandwidths are measured on the link, not derived from F and B.
+  absl::StatusOr<SharedGpuPrediction> out =
+      SimulateSharedGpu(plan.schedule, PlannerCostModel(plan.solo, scale));
+  if (!out.ok()) return Annotate(out.status(), absl::StrCat("policy ", plan.name, " calibrated"));
+  return out;
+}
+
+absl::Status Calibrate(const std::vector<std::optional<PlannedPolicy>>& plans, BenchRun& run) {
+  PO_CHECK(plans.size() == run.policies.size());
+  const auto ran = [](const PolicyRun& result) {
+    return result.error.empty() && !result.step_seconds.empty();
+  };
+  const PolicyRun* base = run.Find("1f1b");
+  if (base == nullptr || !ran(*base)) return absl::OkStatus();
+  PO_ASSIGN_OR_RETURN(const double scale,
+                      CalibrationScale(base->MedianStep(), base->predicted_step));
+  run.calibration_scale = scale;
+  absl::Status first_error = absl::OkStatus();
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    PolicyRun& result = run.policies[i];
+    if (!plans[i].has_value() || !ran(result)) continue;
+    absl::StatusOr<SharedGpuPrediction> calibrated = CalibratedPrediction(*plans[i], scale);
+    if (!calibrated.ok()) {
+      if (first_error.ok()) first_error = calibrated.status();
+      continue;
+    }
+    result.calibrated_step = calibrated->step_time;
+  }
+  return first_error;
 }
 
 std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes) {
@@ -440,21 +512,41 @@ ChunkTimes EstimatedChunkTimes(const BenchOptions& options) {
   return ChunkTimes{forward, options.backward_ms > 0 ? options.backward_ms / 1e3 : 2.0 * forward};
 }
 
+namespace {
+
+// How `plan` saw the link: "link split 4 ways, 0 BARRIERs" / "link shared, 12 BARRIERs" (no
+// copies: "no copies").
+std::string LinkModeName(const PlannedPolicy& plan, const BenchOptions& options) {
+  int barriers = 0;
+  for (const StageProgram& program : plan.schedule.stages) {
+    for (const Op& op : program.ops) barriers += op.kind == OpKind::kBarrier ? 1 : 0;
+  }
+  const PolicyName name = SplitPolicyName(plan.name);
+  if (name.base == "1f1b" || name.base == "none") return "no copies";
+  if (name.shared_link) return absl::StrCat("link shared, ", barriers, " BARRIERs");
+  return absl::StrCat("link split ", options.stages, " ways, ", barriers, " BARRIERs");
+}
+
+}  // namespace
+
 std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
                         const std::vector<PlannedPolicy>& plans) {
   std::string out = absl::StrFormat(
       "pipeline_bench plans: h=%d s=%d layers/chunk=%d p=%d m=%d v=%d family=%s; chunk F %.3f "
-      "ms, B %.3f ms alone, entry %.3f GB; planner sees compute x%d, one host link\n",
+      "ms, B %.3f ms alone, entry %.3f GB; planner sees compute x c (c <= %d) and each stage "
+      "1/%d of the link (:shared: one link, BARRIER hand-overs)\n",
       options.hidden, options.sequence, options.layers_per_chunk, options.stages,
       options.Microbatches(), options.chunks, options.family, costs.times.forward * 1e3,
-      costs.times.backward * 1e3, static_cast<double>(costs.saved_bytes) / 1e9, options.stages);
+      costs.times.backward * 1e3, static_cast<double>(costs.saved_bytes) / 1e9, options.stages,
+      options.stages);
   for (const PlannedPolicy& plan : plans) {
     const Predictions& predicted = *plan.schedule.predictions;
     absl::StrAppendFormat(
         &out,
-        "%s (%s, planned at %gx): one-GPU step %.4f s (%+.1f%% vs no offload; serial %.4f, "
-        "idle %.4f, copy stalls %.4f); planner step %.4f s (%.4f without offload)",
-        plan.name, LayoutName(plan.layout), plan.planner_scale, plan.shared.step_time,
+        "%s (%s, planned at %gx, %s): one-GPU step %.4f s (%+.1f%% vs no offload; serial "
+        "%.4f, idle %.4f, copy stalls %.4f); planner step %.4f s (%.4f without offload)",
+        plan.name, LayoutName(plan.layout), plan.planner_scale, LinkModeName(plan, options),
+        plan.shared.step_time,
         plan.base_step > 0 ? (plan.shared.step_time / plan.base_step - 1) * 100 : 0.0,
         plan.shared.compute_work, plan.shared.gpu_idle, plan.shared.copy_stall,
         predicted.step_time, predicted.step_time_without_offload);

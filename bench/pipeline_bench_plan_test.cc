@@ -1,14 +1,17 @@
 // Tests of pipeline_bench's GPU-free half: the one-GPU simulation (hand-timed programs), the
-// planner's cost scaling over generated configs, the flags, the link probe on the CPU backend,
-// and the report's JSON round trip and checklist. Tag: [pipeline_bench].
+// planner's cost scaling over generated configs, the link modes, the calibration, the flags and
+// the link probe on the CPU backend (the report's: pipeline_bench_report_test.cc).
+// Tag: [pipeline_bench].
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "bench/pipeline_bench_link.h"
 #include "bench/pipeline_bench_plan.h"
-#include "bench/pipeline_bench_report.h"
 #include "bench/pipeline_bench_shared_sim.h"
 #include "pipeoffload/compiler.h"
 #include "tests/testing/catch.h"
@@ -222,7 +225,8 @@ TEST_CASE("the factor search keeps the smallest peak within the one-GPU bound",
   }
 }
 
-TEST_CASE("a split link plans without BARRIERs", "[pipeline_bench]") {
+TEST_CASE("the split link is the default: no BARRIERs; :shared hands the link over",
+          "[pipeline_bench]") {
   BenchOptions options;
   options.family = "group-interleaved";
   options.chunks = 4;
@@ -234,17 +238,31 @@ TEST_CASE("a split link plans without BARRIERs", "[pipeline_bench]") {
     }
     return count;
   };
-  absl::StatusOr<PlannedPolicy> shared = PlanPolicy(options, "po-f@4", costs, 1, LinkFigures{}, 0);
-  absl::StatusOr<PlannedPolicy> split =
+  absl::StatusOr<PlannedPolicy> shared =
+      PlanPolicy(options, "po-f@4:shared", costs, 1, LinkFigures{}, 0);
+  absl::StatusOr<PlannedPolicy> split = PlanPolicy(options, "po-f@4", costs, 1, LinkFigures{}, 0);
+  absl::StatusOr<PlannedPolicy> alias =
       PlanPolicy(options, "po-f@4:split", costs, 1, LinkFigures{}, 0);
   REQUIRE(shared.ok());
   REQUIRE(split.ok());
+  REQUIRE(alias.ok());
   CHECK(barriers(shared->schedule) > 0);
   CHECK(barriers(split->schedule) == 0);
+  CHECK(alias->schedule == split->schedule);  // ":split" is a no-op alias
   CHECK(split->schedule.predictions->stages[0].offloaded_bytes > 0);
   // The one-GPU prediction still uses the real, shared link.
   CHECK(split->solo.host_link_group_size == 4);
   CHECK(split->solo.d2h_bandwidth == LinkFigures{}.d2h);
+  CHECK(shared->solo.host_link_group_size == 4);
+  CHECK(shared->solo.d2h_bandwidth == LinkFigures{}.d2h);
+  // The dry-run report says which link each plan saw.
+  const std::string text = PlansToText(options, costs, {*split, *shared});
+  INFO(text);
+  CHECK(text.find("po-f@4 (group-interleaved v=4, 1 layer(s)/chunk, planned at 4x, link split "
+                  "4 ways, 0 BARRIERs)") != std::string::npos);
+  CHECK(text.find(absl::StrCat("po-f@4:shared (group-interleaved v=4, 1 layer(s)/chunk, planned "
+                               "at 4x, link shared, ",
+                               barriers(shared->schedule), " BARRIERs)")) != std::string::npos);
 }
 
 TEST_CASE("planner costs: scaling is exactly p on compute, none on the link", "[pipeline_bench]") {
@@ -308,13 +326,11 @@ TEST_CASE("flags: values, defaults and errors naming the flag", "[pipeline_bench
   REQUIRE(more.ok());
   CHECK(more->policies.size() == 7);
   CHECK(more->policies.back() == "po-h:split");
-  CHECK(SplitPolicyName("po-f@2").base == "po-f");
-  CHECK(SplitPolicyName("po-f@2").scale == 2.0);
-  CHECK(SplitPolicyName("auto").scale == 0.0);
-  CHECK(SplitPolicyName("po-f@3:split").base == "po-f");
-  CHECK(SplitPolicyName("po-f@3:split").scale == 3.0);
-  CHECK(SplitPolicyName("po-f@3:split").split_link);
-  CHECK(!SplitPolicyName("po-f@3").split_link);
+  absl::StatusOr<BenchOptions> modes =
+      Parse({"--policies=po-f:shared,po-f@3:shared,auto:split"});
+  REQUIRE(modes.ok());
+  CHECK(modes->policies ==
+        std::vector<std::string>{"po-f:shared", "po-f@3:shared", "auto:split"});
 
   for (const auto& [arg, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--hidden=abc", "--hidden"},
@@ -328,12 +344,170 @@ TEST_CASE("flags: values, defaults and errors naming the flag", "[pipeline_bench
            {"--policies=1f1b@2", "--policies"},
            {"--policies=po-h@x", "--policies"},
            {"--policies=po-h:joined", "--policies"},
-           {"--policies=none:split", "--policies"}}) {
+           {"--policies=po-h:shared:split", "--policies"},
+           {"--policies=po-h:shared@2", "--policies"},
+           {"--policies=po-h:", "--policies"},
+           {"--policies=none:split", "--policies"},
+           {"--policies=1f1b:shared", "--policies"}}) {
     CAPTURE(arg);
     absl::StatusOr<BenchOptions> bad = Parse({arg});
     REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(bad.status().message()).find(flag) != std::string::npos);
   }
+}
+
+TEST_CASE("policy names: base, @C and the link suffix", "[pipeline_bench]") {
+  struct Case {
+    std::string name, base;
+    double scale;
+    bool shared, suffix;
+  };
+  for (const Case& c : std::vector<Case>{{"po-f", "po-f", 0.0, false, false},
+                                         {"po-f@2", "po-f", 2.0, false, false},
+                                         {"auto", "auto", 0.0, false, false},
+                                         {"po-h:shared", "po-h", 0.0, true, true},
+                                         {"po-h:split", "po-h", 0.0, false, true},
+                                         {"po-f@3:shared", "po-f", 3.0, true, true},
+                                         {"po-f@2.5:split", "po-f", 2.5, false, true},
+                                         {"1f1b", "1f1b", 0.0, false, false}}) {
+    CAPTURE(c.name);
+    const PolicyName name = SplitPolicyName(c.name);
+    CHECK(name.base == c.base);
+    CHECK(name.scale == c.scale);
+    CHECK(name.shared_link == c.shared);
+    CHECK(name.link_suffix == c.suffix);
+  }
+  // Malformed: scale -1 (ParseBenchOptions rejects it).
+  for (const std::string bad : {"po-f:joined", "po-f@x", "po-f@0", "po-f:shared@2", "po-f@-1",
+                                "po-f@inf"}) {
+    CAPTURE(bad);
+    CHECK(SplitPolicyName(bad).scale == -1.0);
+  }
+}
+
+TEST_CASE("--release: defer by default, wait or uncapped on request, nothing else",
+          "[pipeline_bench]") {
+  absl::StatusOr<BenchOptions> options = Parse({});
+  REQUIRE(options.ok());
+  CHECK(!options->release_wait);
+  options = Parse({"--release=wait"});
+  REQUIRE(options.ok());
+  CHECK(options->release_wait);
+  options = Parse({"--release=wait", "--release=defer"});
+  REQUIRE(options.ok());
+  CHECK(!options->release_wait);
+  options = Parse({"--release=later"});
+  REQUIRE(options.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(options.status().message())
+            .find("--release=later: expected defer, wait or defer-uncapped") != std::string::npos);
+  CHECK(std::string(kBenchUsage).find("--release=defer|wait|defer-uncapped") != std::string::npos);
+  options = Parse({"--release=defer-uncapped"});
+  REQUIRE(options.ok());
+  CHECK(options->release_uncapped);
+  CHECK(!options->release_wait);
+}
+
+TEST_CASE("calibration: scale = measured / simulated baseline; compute scales, copies do not",
+          "[pipeline_bench]") {
+  constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+  REQUIRE(CalibrationScale(2.0, 1.6).ok());
+  CHECK(*CalibrationScale(2.0, 1.6) == Approx(1.25));
+  CHECK(*CalibrationScale(0.9, 1.0) == Approx(0.9));
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (const auto& [measured, predicted] : std::vector<std::pair<double, double>>{
+           {0.0, 1.0}, {1.0, 0.0}, {-1.0, 1.0}, {kNan, 1.0}, {1.0, kInf}}) {
+    CAPTURE(measured, predicted);
+    CHECK(CalibrationScale(measured, predicted).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+
+  // Without copies (and with free P2P) the fluid model is homogeneous in time: the calibrated
+  // step is the solo one times the scale, so the baseline's calibrated prediction gives back
+  // its measured step.
+  PipelineSpec spec;
+  spec.num_stages = 2;
+  spec.num_microbatches = 4;
+  PlannedPolicy base;
+  base.name = "1f1b";
+  base.solo = UnitCosts();
+  absl::StatusOr<Schedule> compiled = Compile(spec, base.solo);
+  REQUIRE(compiled.ok());
+  base.schedule = *compiled;
+  absl::StatusOr<SharedGpuPrediction> solo = SimulateSharedGpu(base.schedule, base.solo);
+  REQUIRE(solo.ok());
+  const double measured = solo->step_time * 1.08;
+  absl::StatusOr<double> scale = CalibrationScale(measured, solo->step_time);
+  REQUIRE(scale.ok());
+  absl::StatusOr<SharedGpuPrediction> calibrated = CalibratedPrediction(base, *scale);
+  REQUIRE(calibrated.ok());
+  CHECK(calibrated->step_time == Approx(measured));
+  CHECK(calibrated->compute_work == Approx(solo->compute_work * 1.08));
+
+  // With copies: F0, OFFLOAD0, RELEASE0, RELOAD0, B0 at 5 B/s each way. Solo (F = B = 1):
+  // 1 + 2 + 2 + 1 = 6 s; at scale 2 only compute doubles: 2 + 2 + 2 + 2 = 8 s (not 12).
+  PlannedPolicy copies;
+  copies.name = "po-f";
+  copies.solo = UnitCosts();
+  copies.solo.d2h_bandwidth = copies.solo.h2d_bandwidth = 5.0;
+  copies.schedule = OneStage({MakeOp(OpKind::kForward, 0), MakeOp(OpKind::kOffload, 0),
+                              MakeOp(OpKind::kRelease, 0), MakeOp(OpKind::kReload, 0),
+                              MakeOp(OpKind::kBackward, 0)},
+                             1);
+  absl::StatusOr<SharedGpuPrediction> one = CalibratedPrediction(copies, 1.0);
+  absl::StatusOr<SharedGpuPrediction> two = CalibratedPrediction(copies, 2.0);
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  CHECK(one->step_time == Approx(6.0));
+  CHECK(two->step_time == Approx(8.0));
+  CHECK(two->copy_stall == Approx(4.0));
+  CHECK(CalibratedPrediction(copies, 0.0).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(CalibratedPrediction(copies, kNan).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("calibration: filled from the 1f1b run, only for policies that ran",
+          "[pipeline_bench]") {
+  BenchOptions options;
+  options.family = "group-interleaved";
+  options.chunks = 2;
+  options.policies = {"po-f", "1f1b", "po-h", "po-f:shared"};
+  absl::StatusOr<std::vector<PlannedPolicy>> planned =
+      PlanPolicies(options, Chunk(2e-3, 4e-3, 50'000'000), LinkFigures{});
+  REQUIRE(planned.ok());
+  std::vector<std::optional<PlannedPolicy>> plans(planned->begin(), planned->end());
+  BenchRun run;
+  for (const PlannedPolicy& plan : *planned) {
+    PolicyRun result;
+    result.name = plan.name;
+    result.predicted_step = plan.shared.step_time;
+    result.step_seconds = {plan.shared.step_time * 1.1};
+    run.policies.push_back(result);
+  }
+  run.policies[2].error = "failed to run";  // po-h: no calibrated step
+  run.policies[2].step_seconds.clear();
+  plans[3].reset();                          // po-f:shared: no plan kept
+
+  BenchRun without = run;
+  without.policies[1].step_seconds.clear();  // 1f1b did not run: nothing to calibrate with
+  without.policies[1].error = "out of memory";
+  REQUIRE(Calibrate(plans, without).ok());
+  CHECK(without.calibration_scale == 0.0);
+  for (const PolicyRun& result : without.policies) CHECK(result.calibrated_step == 0.0);
+
+  REQUIRE(Calibrate(plans, run).ok());
+  CHECK(run.calibration_scale == Approx(1.1));
+  CHECK(run.policies[1].calibrated_step == Approx(run.policies[1].MedianStep()));
+  absl::StatusOr<SharedGpuPrediction> po_f = CalibratedPrediction(*plans[0], 1.1);
+  REQUIRE(po_f.ok());
+  CHECK(run.policies[0].calibrated_step == po_f->step_time);
+  CHECK(run.policies[0].calibrated_step > run.policies[0].predicted_step);
+  CHECK(run.policies[2].calibrated_step == 0.0);
+  CHECK(run.policies[3].calibrated_step == 0.0);
+
+  BenchRun broken = run;
+  broken.policies[1].predicted_step = 0.0;  // a baseline without a prediction: an error
+  broken.calibration_scale = 0.0;
+  CHECK(Calibrate(plans, broken).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(broken.calibration_scale == 0.0);
 }
 
 TEST_CASE("model FLOP: 72 h^2 s + 12 s^2 h per layer and microbatch", "[pipeline_bench]") {
@@ -360,155 +534,6 @@ TEST_CASE("link probe: the CPU backend's copies give finite positive figures",
   }
   CHECK(MeasureLink(**backend, 100, 3).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK((*backend)->Stats().bytes_d2h == 2 * 4 * (1 << 20));  // (1 + 3 reps) x (solo + duplex)
-}
-
-TEST_CASE("link use: busy time is a union; the ceiling is solo or duplex by overlap",
-          "[pipeline_bench]") {
-  // D2H [0,2] and [1,3] (100 B each) are busy over [0,3]; H2D [2,4] (50 B) over [2,4]; both
-  // directions run in [2,3]. Capacity at 100 B/s alone, 50 each way together:
-  // 100 * 2 + 100 * 1 + 2 * 50 * 1 = 400 B for 250 B moved.
-  const std::vector<CopyInterval> copies = {
-      {true, 0.0, 2.0, 100}, {true, 1.0, 3.0, 100}, {false, 2.0, 4.0, 50}, {false, 5.0, 5.0, 7}};
-  const LinkUse use = SummarizeCopies(copies, 100.0, 100.0, 50.0);
-  CHECK(use.d2h_gbs == Approx(200.0 / 3.0 / 1e9));
-  CHECK(use.h2d_gbs == Approx(25.0 / 1e9));
-  CHECK(use.efficiency == Approx(0.625));
-  CHECK(SummarizeCopies({}, 1.0, 1.0, 1.0).efficiency == 0.0);
-}
-
-PolicyRun Policy(const std::string& name, std::vector<double> steps,
-                 std::vector<std::int64_t> peaks, double offload_gbs, double predicted) {
-  PolicyRun run;
-  run.name = name;
-  run.order = "1f1b";
-  run.step_seconds = std::move(steps);
-  run.stash_peak = peaks;
-  run.predicted_peak = std::move(peaks);
-  run.arena_bytes = {1, 2};
-  run.model_bytes = {3, 4};
-  run.wait_seconds = {0.5, 0.25};
-  run.offload_gbs = offload_gbs;
-  run.link_efficiency = offload_gbs / 55.0;
-  run.predicted_step = predicted;
-  return run;
-}
-
-BenchRun Run(int hidden, std::vector<PolicyRun> policies) {
-  BenchRun run;
-  run.model = "gpt";
-  run.hidden = hidden;
-  run.heads = hidden / 128;
-  run.sequence = 2048;
-  run.stages = 2;
-  run.microbatches = 8;
-  run.chunks = 2;
-  run.layers_per_chunk = 1;
-  run.family = "group-interleaved";
-  run.gemm_flops = 800e12;
-  run.d2h_gbs = 55.0;
-  run.model_flops_per_step = 600e12;
-  run.policies = std::move(policies);
-  return run;
-}
-
-TEST_CASE("report: JSON lines round-trip; bad lines name the field", "[pipeline_bench]") {
-  BenchRun run = Run(8192, {Policy("1f1b", {1.0, 1.1, 0.9}, {400, 300}, 0.0, 1.0),
-                            Policy("po-f", {1.02}, {100, 100}, 50.0, 1.0)});
-  run.policies[1].auto_choice = "auto: chose x";
-  absl::StatusOr<std::vector<BenchRun>> parsed =
-      ParseRuns(RunToJsonLine(run) + "\n" + RunToJsonLine(Run(2048, {})));
-  REQUIRE(parsed.ok());
-  REQUIRE(parsed->size() == 2);
-  const BenchRun& back = (*parsed)[0];
-  CHECK(back.hidden == 8192);
-  CHECK(back.family == "group-interleaved");
-  CHECK(back.gemm_flops == 800e12);
-  REQUIRE(back.policies.size() == 2);
-  CHECK(back.policies[0].step_seconds == std::vector<double>{1.0, 1.1, 0.9});
-  CHECK(back.policies[0].MedianStep() == 1.0);
-  CHECK(back.policies[1].stash_peak == std::vector<std::int64_t>{100, 100});
-  CHECK(back.policies[1].auto_choice == "auto: chose x");
-  CHECK(back.policies[1].StashTotal() == 200);
-  CHECK(back.policies[1].wait_seconds == std::vector<double>{0.5, 0.25});
-  CHECK(RunToJsonLine(back) == RunToJsonLine(run));  // every field survives
-
-  absl::StatusOr<std::vector<BenchRun>> bad = ParseRuns("{\"model\": \"gpt\"}");
-  REQUIRE(!bad.ok());
-  CHECK(std::string(bad.status().message()).find("line 1: missing \"hidden\"") !=
-        std::string::npos);
-  bad = ParseRuns("\n{\"model\": 3}");
-  CHECK(std::string(bad.status().message()).find("line 2: \"model\" has the wrong type") !=
-        std::string::npos);
-  bad = ParseRuns("not json");
-  CHECK(std::string(bad.status().message()).find("not a JSON object") != std::string::npos);
-  absl::StatusOr<std::vector<PeerRun>> peers = ParsePeers("{\"hidden\": 1}");
-  CHECK(std::string(peers.status().message()).find("missing \"seq\"") != std::string::npos);
-}
-
-TEST_CASE("report: one markdown row per policy, failures say why", "[pipeline_bench]") {
-  BenchRun run = Run(8192, {Policy("1f1b", {1.0}, {4'000'000'000, 3'000'000'000}, 0.0, 1.05),
-                            Policy("po-f", {1.02}, {1'000'000'000, 1'000'000'000}, 44.0, 1.0)});
-  run.policies.emplace_back();
-  run.policies.back().name = "auto";
-  run.policies.back().order = "gi";
-  run.policies.back().error = "no plan fits";
-  const std::string text = RunToMarkdown(run);
-  INFO(text);
-  // 600 TFLOP / 1.02 s; stage 0 4 -> 1 GB; 44 / 55 GB/s of the link; predicted 1.0 vs 1.02.
-  CHECK(text.find("| po-f | 1f1b | 1.0200 | +2.0% | 588.2 | 1.00 (75%) | 1.00/1.00, 1.00/1.00 | "
-                  "0.00 | 44.0 / 0.0 (80%) | 1.0000 | -2.0% |") != std::string::npos);
-  CHECK(text.find("| 1f1b | 1f1b | 1.0000 | - | 600.0 | 4.00 | 4.00/4.00, 3.00/3.00 |") !=
-        std::string::npos);
-  CHECK(text.find("| auto | gi | failed: no plan fits |") != std::string::npos);
-  CHECK(text.find("po-f: busy 0.000 of 1.020 s, waits 0.500 / 0.250;") != std::string::npos);
-}
-
-TEST_CASE("checklist: each target PASS or MISS with its numbers", "[pipeline_bench]") {
-  const std::vector<BenchRun> runs = {
-      Run(8192, {Policy("1f1b", {1.0}, {400, 300}, 0.0, 1.05),
-                 Policy("po-f", {1.02}, {100, 100}, 50.0, 1.0)}),
-      Run(4096, {Policy("1f1b", {1.0}, {400, 300}, 0.0, 1.0),
-                 Policy("po-h", {1.05}, {200, 150}, 40.0, 1.0)}),
-      Run(2048, {Policy("1f1b", {1.0}, {400, 300}, 0.0, 1.0),
-                 Policy("po-f", {1.02}, {100, 100}, 50.0, 1.0),
-                 Policy("po-f@4", {1.10}, {100, 100}, 50.0, 1.0),
-                 Policy("auto", {1.01}, {300, 300}, 50.0, 1.0)})};
-  std::vector<PeerRun> peers(2);
-  peers[0].hidden = peers[1].hidden = 8192;
-  peers[0].mode = "none";
-  peers[0].step_s = 0.9;
-  peers[1].mode = "save_on_cpu";
-  peers[1].step_s = 5.0;
-  peers[1].activation_bytes = 150;
-  const std::string text = Checklist(runs, peers);
-  INFO(text);
-  // 600 of 800 TFLOP/s.
-  CHECK(text.find("- PASS baseline (1f1b, no offload) at h=8192") != std::string::npos);
-  CHECK(text.find("= 75%") != std::string::npos);
-  // po-f: +2.0%, 400 -> 100 is a 75% cut.
-  CHECK(text.find("- PASS po-f at h=8192") != std::string::npos);
-  CHECK(text.find("+2.0%, cut 75%") != std::string::npos);
-  // po-h: +5.0% misses the 3% bar.
-  CHECK(text.find("- MISS po-h at h=4096") != std::string::npos);
-  // 40 of 55 GB/s is 73%.
-  CHECK(text.find("- MISS offload copies >= 85%") != std::string::npos);
-  CHECK(text.find("73% (po-h at h=4096: D2H 40.0") != std::string::npos);
-  // Worst simulator error: 1.0 predicted vs 1.10 measured (po-f@4 at 2048): 9.1%.
-  CHECK(text.find("- PASS one-GPU simulation") != std::string::npos);
-  CHECK(text.find("9.1%") != std::string::npos);
-  // auto +1.0% and 700 -> 600 bytes; po-f +2%, po-f@4 +10%.
-  CHECK(text.find("- PASS h=2048 (transfer-bound)") != std::string::npos);
-  CHECK(text.find(", po-f +2.0%, po-f@4 +10.0%") != std::string::npos);
-  // Peer: 1.02 / 0.9 = 1.13x; 100 bytes on the largest stage vs 150 of save_on_cpu: PASS.
-  CHECK(text.find("- PASS h=8192: our po-f step") != std::string::npos);
-  CHECK(text.find("1.13x") != std::string::npos);
-  std::vector<PeerRun> tight = peers;
-  tight[1].activation_bytes = 100;  // not less: MISS
-  CHECK(Checklist(runs, tight).find("- MISS h=8192: our po-f step") != std::string::npos);
-  // Nothing at all: every line n/a, no crash.
-  const std::string empty = Checklist({}, {});
-  CHECK(empty.find("PASS") == std::string::npos);
-  CHECK(empty.find("MISS") == std::string::npos);
 }
 
 }  // namespace

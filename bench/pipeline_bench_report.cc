@@ -1,9 +1,9 @@
-// pipeline_bench's tables, JSON lines and checklist (see the header).
+// pipeline_bench's tables and JSON lines (see the header; the checklist is in
+// pipeline_bench_checklist.cc).
 #include "bench/pipeline_bench_report.h"
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -19,26 +19,7 @@ namespace {
 
 using nlohmann::json;
 
-// Issue 5's bars.
-constexpr double kBaselineShareOfGemm = 0.60;
-constexpr double kOverheadBar = 0.03;
-constexpr double kPoFullCut = 0.70;
-constexpr double kPoHalfCut = 0.45;
-constexpr double kLinkShare = 0.85;
-constexpr double kSimulatorError = 0.10;
-constexpr double kPeerSlowdown = 1.25;
-
 std::string Gb(double bytes) { return absl::StrFormat("%.2f", bytes / 1e9); }
-
-double Overhead(const PolicyRun& run, const PolicyRun& base) {
-  return run.MedianStep() / base.MedianStep() - 1.0;
-}
-
-// 1 - run's stage-0 stash peak / base's.
-double StageZeroCut(const PolicyRun& run, const PolicyRun& base) {
-  if (run.stash_peak.empty() || base.stash_peak.empty() || base.stash_peak[0] <= 0) return 0.0;
-  return 1.0 - static_cast<double>(run.stash_peak[0]) / static_cast<double>(base.stash_peak[0]);
-}
 
 template <typename T>
 struct IsVector : std::false_type {};
@@ -75,9 +56,20 @@ absl::Status Read(const json& object, const char* key, T* out, int line) {
   return absl::OkStatus();
 }
 
+// A field that JSON lines of older runs lack: left as it is when absent, an error when mistyped.
+template <typename T>
+absl::Status ReadOptional(const json& object, const char* key, T* out, int line) {
+  if (object.find(key) == object.end()) return absl::OkStatus();
+  return Read(object, key, out, line);
+}
+
 #define PO_READ(object, key, field, line)                                  \
   do {                                                                     \
     if (absl::Status s_ = Read(object, key, field, line); !s_.ok()) return s_; \
+  } while (false)
+#define PO_READ_OPTIONAL(object, key, field, line)                                 \
+  do {                                                                             \
+    if (absl::Status s_ = ReadOptional(object, key, field, line); !s_.ok()) return s_; \
   } while (false)
 
 absl::StatusOr<json> ParseLine(const std::string& text, int line) {
@@ -86,45 +78,6 @@ absl::StatusOr<json> ParseLine(const std::string& text, int line) {
     return absl::InvalidArgumentError(absl::StrCat("line ", line, ": not a JSON object"));
   }
   return value;
-}
-
-std::string Verdict(std::optional<bool> pass) {
-  return !pass.has_value() ? "n/a " : *pass ? "PASS" : "MISS";
-}
-
-const BenchRun* RunAt(const std::vector<BenchRun>& runs, int hidden) {
-  for (const BenchRun& run : runs) {
-    if (run.hidden == hidden) return &run;
-  }
-  return nullptr;
-}
-
-// "po-x costs <= 3% at h and cuts stage 0's activation peak by >= cut".
-std::string OverheadAndCut(const std::vector<BenchRun>& runs, const std::string& policy,
-                           int hidden, double cut_bar) {
-  const BenchRun* run = RunAt(runs, hidden);
-  const PolicyRun* mine = run ? run->Find(policy) : nullptr;
-  const PolicyRun* base = run ? run->Baseline() : nullptr;
-  const std::string what = absl::StrFormat(
-      "%s at h=%d: step <= +%.0f%% vs %s and stage 0's activation peak cut >= %.0f%%", policy,
-      hidden, kOverheadBar * 100, base ? base->name : "1f1b", cut_bar * 100);
-  if (mine == nullptr || base == nullptr || mine->step_seconds.empty() ||
-      base->step_seconds.empty()) {
-    return absl::StrCat("- n/a  ", what, ": not run\n");
-  }
-  const double overhead = Overhead(*mine, *base);
-  const double cut = StageZeroCut(*mine, *base);
-  return absl::StrFormat("- %s %s: %+.1f%%, cut %.0f%% (%s -> %s GB)\n",
-                         Verdict(overhead <= kOverheadBar && cut >= cut_bar), what,
-                         overhead * 100, cut * 100, Gb(static_cast<double>(base->stash_peak[0])),
-                         Gb(static_cast<double>(mine->stash_peak[0])));
-}
-
-const PeerRun* PeerAt(const std::vector<PeerRun>& peers, int hidden, const std::string& mode) {
-  for (const PeerRun& peer : peers) {
-    if (peer.hidden == hidden && peer.mode == mode) return &peer;
-  }
-  return nullptr;
 }
 
 using Span = std::pair<double, double>;
@@ -197,10 +150,27 @@ double PolicyRun::MedianStep() const {
   return sorted[sorted.size() / 2];
 }
 
+std::int64_t PolicyRun::PhysicalPeak(std::size_t stage) const {
+  if (stage < stash_physical_peak.size()) return stash_physical_peak[stage];
+  return stage < stash_peak.size() ? stash_peak[stage] : 0;
+}
+
 std::int64_t PolicyRun::StashTotal() const {
   std::int64_t total = 0;
-  for (const std::int64_t bytes : stash_peak) total += bytes;
+  for (std::size_t d = 0; d < std::max(stash_peak.size(), stash_physical_peak.size()); ++d) {
+    total += PhysicalPeak(d);
+  }
   return total;
+}
+
+double Overhead(const PolicyRun& run, const PolicyRun& base) {
+  return run.MedianStep() / base.MedianStep() - 1.0;
+}
+
+double StageZeroCut(const PolicyRun& run, const PolicyRun& base) {
+  const std::int64_t mine = run.PhysicalPeak(0), theirs = base.PhysicalPeak(0);
+  if (run.stash_peak.empty() || theirs <= 0) return 0.0;
+  return 1.0 - static_cast<double>(mine) / static_cast<double>(theirs);
 }
 
 const PolicyRun* BenchRun::Find(const std::string& name) const {
@@ -215,61 +185,102 @@ const PolicyRun* BenchRun::Baseline() const {
   return base != nullptr ? base : Find("none");
 }
 
+namespace {
+
+// "1.234 (+5.6%)" against the measured `step`; "-" when there is no prediction.
+std::string PredictionCell(double predicted, double step) {
+  if (predicted <= 0) return "-";
+  return absl::StrFormat("%.4f (%+.1f%%)", predicted,
+                         step > 0 ? (predicted / step - 1) * 100 : 0.0);
+}
+
+// One policy's row (12 cells).
+std::string PolicyRow(const BenchRun& run, const PolicyRun& r, const PolicyRun* base) {
+  if (!r.error.empty()) {
+    return absl::StrCat("| ", r.name, " | ", r.order, " | failed: ", r.error,
+                        " | | | | | | | | | |\n");
+  }
+  const double step = r.MedianStep();
+  std::string peaks;
+  for (std::size_t d = 0; d < r.stash_peak.size(); ++d) {
+    absl::StrAppend(&peaks, d == 0 ? "" : ", ", Gb(static_cast<double>(r.stash_peak[d])), "/",
+                    d < r.predicted_peak.size() ? Gb(static_cast<double>(r.predicted_peak[d]))
+                                                : std::string("?"),
+                    "/", Gb(static_cast<double>(r.PhysicalPeak(d))));
+  }
+  const bool against_base = base != nullptr && base != &r;
+  const std::string versus =
+      against_base ? absl::StrFormat("%+.1f%%", Overhead(r, *base) * 100) : std::string("-");
+  const std::string stage0 =
+      r.stash_peak.empty()
+          ? std::string("-")
+          : absl::StrCat(Gb(static_cast<double>(r.PhysicalPeak(0))),
+                         against_base ? absl::StrFormat(" (%.0f%%)", StageZeroCut(r, *base) * 100)
+                                      : std::string());
+  const std::string offload =
+      r.offload_gbs > 0 ? absl::StrFormat("%.1f / %.1f (%.0f%%)", r.offload_gbs, r.reload_gbs,
+                                          r.link_efficiency * 100)
+                        : std::string("-");
+  return absl::StrFormat("| %s | %s | %.4f | %s | %.1f | %s | %s | %s | %s | %s | %s | %.4f |\n",
+                         r.name, r.order, step, versus,
+                         step > 0 ? run.model_flops_per_step / step / 1e12 : 0.0, stage0, peaks,
+                         Gb(static_cast<double>(r.offloaded_bytes)), offload,
+                         PredictionCell(r.predicted_step, step),
+                         PredictionCell(r.calibrated_step, step), r.planner_step);
+}
+
+// Whether every measured logical peak equals its prediction (the compiler's contract), and
+// where not.
+std::string LogicalPeakCheck(const BenchRun& run) {
+  std::string misses;
+  for (const PolicyRun& r : run.policies) {
+    if (!r.error.empty()) continue;
+    for (std::size_t d = 0; d < r.stash_peak.size(); ++d) {
+      const bool has = d < r.predicted_peak.size();
+      if (has && r.stash_peak[d] == r.predicted_peak[d]) continue;
+      absl::StrAppendFormat(&misses, " %s stage %d: %d measured vs %s predicted;", r.name,
+                            static_cast<int>(d), r.stash_peak[d],
+                            has ? absl::StrCat(r.predicted_peak[d]) : std::string("no"));
+    }
+  }
+  if (misses.empty()) return "Logical stash peak == predicted, to the byte, at every stage.";
+  return absl::StrCat("Logical stash peak != predicted at:", misses);
+}
+
+}  // namespace
+
 std::string RunToMarkdown(const BenchRun& run) {
   std::string out = absl::StrFormat(
       "### pipeline_bench --model=%s h=%d heads=%d s=%d p=%d m=%d, %s v=%d, %d layer(s)/chunk "
       "(one GPU)\n\n"
       "chunk alone: F %.2f ms, B %.2f ms; entry %s GB; bf16 GEMM %.0f TFLOP/s; pinned PCIe D2H "
       "%.1f / H2D %.1f GB/s alone, %.1f GB/s each way together. Model FLOP per step %.3g "
-      "(72h^2s + 12s^2h per layer and microbatch).\n\n",
+      "(72h^2s + 12s^2h per layer and microbatch). RELEASE: %s.\n\n",
       run.model, run.hidden, run.heads, run.sequence, run.stages, run.microbatches, run.family,
       run.chunks, run.layers_per_chunk, run.forward_s * 1e3, run.backward_s * 1e3,
       Gb(static_cast<double>(run.entry_bytes)), run.gemm_flops / 1e12, run.d2h_gbs, run.h2d_gbs,
-      run.duplex_gbs, run.model_flops_per_step);
+      run.duplex_gbs, run.model_flops_per_step, run.release_mode);
+  if (run.calibration_scale > 0) {
+    absl::StrAppendFormat(&out,
+                          "Calibrated simulation: compute costs x %.4f (1f1b's measured step / "
+                          "its simulation from the solo costs), copies as measured.\n\n",
+                          run.calibration_scale);
+  } else {
+    absl::StrAppend(&out, "Calibrated simulation: unavailable (1f1b did not run).\n\n");
+  }
   absl::StrAppend(
       &out,
-      "| policy | order | step s (median) | vs base | model TFLOP/s | stage-0 act. GB (cut) | "
-      "stash peak GB per stage, measured/predicted | offloaded GB/step | D2H / H2D GB/s "
-      "(of pinned) | predicted s (one-GPU sim) | sim error | planner s (p x compute) |\n"
+      "| policy | order | step s (median) | vs base | model TFLOP/s | stage-0 act. GB, physical "
+      "(cut) | stash peak GB per stage: logical measured/predicted/physical | offloaded GB/step "
+      "| D2H / H2D GB/s (of pinned) | one-GPU sim s, solo costs (error) | one-GPU sim s, "
+      "calibrated (error) | planner s (p x compute) |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const PolicyRun* base = run.Baseline();
-  for (const PolicyRun& r : run.policies) {
-    if (!r.error.empty()) {
-      absl::StrAppend(&out, "| ", r.name, " | ", r.order, " | failed: ", r.error,
-                      " | | | | | | | | | |\n");
-      continue;
-    }
-    const double step = r.MedianStep();
-    std::string peaks;
-    for (std::size_t d = 0; d < r.stash_peak.size(); ++d) {
-      absl::StrAppend(&peaks, d == 0 ? "" : ", ", Gb(static_cast<double>(r.stash_peak[d])), "/",
-                      d < r.predicted_peak.size()
-                          ? Gb(static_cast<double>(r.predicted_peak[d]))
-                          : std::string("?"));
-    }
-    const std::string versus =
-        base != nullptr && base != &r ? absl::StrFormat("%+.1f%%", Overhead(r, *base) * 100)
-                                      : std::string("-");
-    const std::string stage0 =
-        r.stash_peak.empty()
-            ? std::string("-")
-            : absl::StrCat(Gb(static_cast<double>(r.stash_peak[0])),
-                           base != nullptr && base != &r
-                               ? absl::StrFormat(" (%.0f%%)", StageZeroCut(r, *base) * 100)
-                               : std::string());
-    const std::string offload =
-        r.offload_gbs > 0 ? absl::StrFormat("%.1f / %.1f (%.0f%%)", r.offload_gbs, r.reload_gbs,
-                                            r.link_efficiency * 100)
-                          : std::string("-");
-    absl::StrAppendFormat(
-        &out, "| %s | %s | %.4f | %s | %.1f | %s | %s | %s | %s | %.4f | %+.1f%% | %.4f |\n",
-        r.name, r.order, step, versus, step > 0 ? run.model_flops_per_step / step / 1e12 : 0.0,
-        stage0, peaks, Gb(static_cast<double>(r.offloaded_bytes)), offload, r.predicted_step,
-        step > 0 ? (r.predicted_step / step - 1.0) * 100 : 0.0, r.planner_step);
-  }
+  for (const PolicyRun& r : run.policies) absl::StrAppend(&out, PolicyRow(run, r, base));
   for (const PolicyRun& r : run.policies) {
     if (!r.auto_choice.empty()) absl::StrAppend(&out, "\n", r.name, ": ", r.auto_choice, "\n");
   }
+  absl::StrAppend(&out, "\n", LogicalPeakCheck(run), "\n");
   absl::StrAppend(&out, "\nDevice memory per stage (model's own + arena), GB:");
   for (const PolicyRun& r : run.policies) {
     absl::StrAppend(&out, " ", r.name, ":");
@@ -281,7 +292,8 @@ std::string RunToMarkdown(const BenchRun& run) {
   }
   absl::StrAppend(&out, "\n\nLast step: GPU busy (some stage's model work in flight, CUDA "
                         "events) of the step, and executor waits per stage in s (all: receives, "
-                        "reloads, releases, barriers; r = in RELEASE, b = in BARRIER):");
+                        "reloads, releases, barriers; r = for released blocks' D2H copies, b = in "
+                        "BARRIER):");
   for (const PolicyRun& r : run.policies) {
     absl::StrAppendFormat(&out, " %s: busy %.3f of %.3f s, waits", r.name, r.gpu_busy,
                           r.step_seconds.empty() ? 0.0 : r.step_seconds.back());
@@ -306,6 +318,7 @@ std::string RunToJsonLine(const BenchRun& run) {
                             {"step_seconds", r.step_seconds},
                             {"stash_peak", r.stash_peak},
                             {"predicted_peak", r.predicted_peak},
+                            {"stash_physical_peak", r.stash_physical_peak},
                             {"arena_bytes", r.arena_bytes},
                             {"model_bytes", r.model_bytes},
                             {"wait_seconds", r.wait_seconds},
@@ -318,6 +331,7 @@ std::string RunToJsonLine(const BenchRun& run) {
                             {"reload_gbs", r.reload_gbs},
                             {"link_efficiency", r.link_efficiency},
                             {"predicted_step", r.predicted_step},
+                            {"calibrated_step", r.calibrated_step},
                             {"predicted_serial", r.predicted_serial},
                             {"planner_step", r.planner_step},
                             {"warnings", r.warnings},
@@ -340,6 +354,8 @@ std::string RunToJsonLine(const BenchRun& run) {
                   {"h2d_gbs", run.h2d_gbs},
                   {"duplex_gbs", run.duplex_gbs},
                   {"model_flops_per_step", run.model_flops_per_step},
+                  {"release_mode", run.release_mode},
+                  {"calibration_scale", run.calibration_scale},
                   {"policies", policies}};
   return line.dump() + "\n";
 }
@@ -383,6 +399,10 @@ absl::Status ReadRun(const json& object, int line, BenchRun& run) {
   PO_READ(object, "h2d_gbs", &run.h2d_gbs, line);
   PO_READ(object, "duplex_gbs", &run.duplex_gbs, line);
   PO_READ(object, "model_flops_per_step", &run.model_flops_per_step, line);
+  // Added with the deferred RELEASE: older lines come from the blocking one, uncalibrated.
+  run.release_mode = "wait";
+  PO_READ_OPTIONAL(object, "release_mode", &run.release_mode, line);
+  PO_READ_OPTIONAL(object, "calibration_scale", &run.calibration_scale, line);
   json policies;
   PO_READ(object, "policies", &policies, line);
   if (!policies.is_array()) {
@@ -397,6 +417,7 @@ absl::Status ReadRun(const json& object, int line, BenchRun& run) {
     PO_READ(p, "step_seconds", &r.step_seconds, line);
     PO_READ(p, "stash_peak", &r.stash_peak, line);
     PO_READ(p, "predicted_peak", &r.predicted_peak, line);
+    PO_READ_OPTIONAL(p, "stash_physical_peak", &r.stash_physical_peak, line);
     PO_READ(p, "arena_bytes", &r.arena_bytes, line);
     PO_READ(p, "model_bytes", &r.model_bytes, line);
     PO_READ(p, "wait_seconds", &r.wait_seconds, line);
@@ -409,6 +430,7 @@ absl::Status ReadRun(const json& object, int line, BenchRun& run) {
     PO_READ(p, "reload_gbs", &r.reload_gbs, line);
     PO_READ(p, "link_efficiency", &r.link_efficiency, line);
     PO_READ(p, "predicted_step", &r.predicted_step, line);
+    PO_READ_OPTIONAL(p, "calibrated_step", &r.calibrated_step, line);
     PO_READ(p, "predicted_serial", &r.predicted_serial, line);
     PO_READ(p, "planner_step", &r.planner_step, line);
     PO_READ(p, "warnings", &r.warnings, line);
@@ -444,153 +466,6 @@ absl::Status ReadPeer(const json& object, int line, PeerRun& peer) {
 
 absl::StatusOr<std::vector<PeerRun>> ParsePeers(const std::string& jsonl) {
   return ParseJsonLines<PeerRun>(jsonl, &ReadPeer);
-}
-
-std::string Checklist(const std::vector<BenchRun>& runs, const std::vector<PeerRun>& peers) {
-  std::string out = "### Issue 5 targets\n\n";
-  // 1. Baseline vs the GEMM ceiling at h = 8192.
-  {
-    const BenchRun* run = RunAt(runs, 8192);
-    const PolicyRun* base = run ? run->Baseline() : nullptr;
-    const std::string what = absl::StrFormat(
-        "baseline (1f1b, no offload) at h=8192 >= %.0f%% of the measured bf16 GEMM rate",
-        kBaselineShareOfGemm * 100);
-    if (base == nullptr || run->gemm_flops <= 0 || base->MedianStep() <= 0) {
-      absl::StrAppend(&out, "- n/a  ", what, ": not run\n");
-    } else {
-      const double rate = run->model_flops_per_step / base->MedianStep();
-      absl::StrAppendFormat(&out, "- %s %s: %.0f of %.0f TFLOP/s = %.0f%% (model %s)\n",
-                            Verdict(rate >= kBaselineShareOfGemm * run->gemm_flops), what,
-                            rate / 1e12, run->gemm_flops / 1e12, rate / run->gemm_flops * 100,
-                            run->model);
-    }
-  }
-  // 2, 3. po-f at 8192, po-h at 4096.
-  absl::StrAppend(&out, OverheadAndCut(runs, "po-f", 8192, kPoFullCut));
-  absl::StrAppend(&out, OverheadAndCut(runs, "po-h", 4096, kPoHalfCut));
-  // 4. Offload bandwidth vs pinned, over every policy that moved data.
-  {
-    double worst = -1.0;
-    std::string where;
-    for (const BenchRun& run : runs) {
-      for (const PolicyRun& r : run.policies) {
-        if (r.link_efficiency <= 0) continue;
-        if (worst < 0 || r.link_efficiency < worst) {
-          worst = r.link_efficiency;
-          where = absl::StrFormat("%s at h=%d: D2H %.1f, H2D %.1f GB/s; pinned %.1f / %.1f "
-                                  "alone, %.1f each way together",
-                                  r.name, run.hidden, r.offload_gbs, r.reload_gbs, run.d2h_gbs,
-                                  run.h2d_gbs, run.duplex_gbs);
-        }
-      }
-    }
-    const std::string what = absl::StrFormat(
-        "offload copies >= %.0f%% of the measured pinned PCIe bandwidth (worst policy)",
-        kLinkShare * 100);
-    if (worst < 0) {
-      absl::StrAppend(&out, "- n/a  ", what, ": nothing was offloaded\n");
-    } else {
-      absl::StrAppendFormat(&out, "- %s %s: %.0f%% (%s)\n", Verdict(worst >= kLinkShare), what,
-                            worst * 100, where);
-    }
-  }
-  // 5. Simulator error over every policy run.
-  {
-    double worst = -1.0;
-    std::string where;
-    for (const BenchRun& run : runs) {
-      for (const PolicyRun& r : run.policies) {
-        const double step = r.MedianStep();
-        if (step <= 0 || r.predicted_step <= 0) continue;
-        const double error = std::fabs(r.predicted_step / step - 1.0);
-        if (error > worst) {
-          worst = error;
-          where = absl::StrFormat("%s at h=%d: %.4f predicted vs %.4f s", r.name, run.hidden,
-                                  r.predicted_step, step);
-        }
-      }
-    }
-    const std::string what = absl::StrFormat(
-        "one-GPU simulation from measured op costs within %.0f%% of the measured step (worst)",
-        kSimulatorError * 100);
-    if (worst < 0) {
-      absl::StrAppend(&out, "- n/a  ", what, ": not run\n");
-    } else {
-      absl::StrAppendFormat(&out, "- %s %s: %.1f%% (%s)\n", Verdict(worst <= kSimulatorError),
-                            what, worst * 100, where);
-    }
-  }
-  // 6. The transfer-bound case: auto against every po-f variant run (po-f, po-f@C).
-  {
-    const BenchRun* run = RunAt(runs, 2048);
-    const PolicyRun* base = run ? run->Baseline() : nullptr;
-    const PolicyRun* chosen = run ? run->Find("auto") : nullptr;
-    std::vector<const PolicyRun*> full;
-    if (run != nullptr) {
-      for (const PolicyRun& r : run->policies) {
-        if ((r.name == "po-f" || r.name.rfind("po-f@", 0) == 0) && !r.step_seconds.empty()) {
-          full.push_back(&r);
-        }
-      }
-    }
-    const std::string what = absl::StrFormat(
-        "h=2048 (transfer-bound): auto within %.0f%% of the baseline and saving memory, po-f "
-        "costing more",
-        kOverheadBar * 100);
-    if (base == nullptr || chosen == nullptr || chosen->step_seconds.empty() || full.empty()) {
-      absl::StrAppend(&out, "- n/a  ", what, ": needs 1f1b, auto and po-f at h=2048\n");
-    } else {
-      const double auto_cost = Overhead(*chosen, *base);
-      const bool saves = chosen->StashTotal() < base->StashTotal();
-      double most = -1e9;
-      std::string costs;
-      for (const PolicyRun* r : full) {
-        most = std::max(most, Overhead(*r, *base));
-        absl::StrAppendFormat(&costs, ", %s %+.1f%%", r->name, Overhead(*r, *base) * 100);
-      }
-      absl::StrAppendFormat(
-          &out, "- %s %s: auto %+.1f%% (activations %s -> %s GB, all stages)%s\n",
-          Verdict(auto_cost <= kOverheadBar && saves && most > auto_cost), what, auto_cost * 100,
-          Gb(static_cast<double>(base->StashTotal())),
-          Gb(static_cast<double>(chosen->StashTotal())), costs);
-    }
-  }
-  // 7. PyTorch peer, at every h where both ran. Memory per GPU: the p stages emulate p GPUs,
-  // so a GPU holds one stage's peak (the largest); the peer holds its whole stack on one GPU
-  // (both hold the same layer-microbatch entries without offload: 1F1B's stage 0 keeps p
-  // microbatches of L/p layers, the peer one microbatch of L layers).
-  bool any_peer = false;
-  for (const BenchRun& run : runs) {
-    const PolicyRun* full = run.Find("po-f");
-    const PeerRun* plain = PeerAt(peers, run.hidden, "none");
-    const PeerRun* saved = PeerAt(peers, run.hidden, "save_on_cpu");
-    if (full == nullptr || plain == nullptr || saved == nullptr || full->MedianStep() <= 0) {
-      continue;
-    }
-    any_peer = true;
-    const double ratio = full->MedianStep() / plain->step_s;
-    const std::int64_t per_gpu =
-        full->stash_peak.empty()
-            ? 0
-            : *std::max_element(full->stash_peak.begin(), full->stash_peak.end());
-    const bool less = per_gpu < saved->activation_bytes;
-    absl::StrAppendFormat(
-        &out,
-        "- %s h=%d: our po-f step within %.2fx of PyTorch without offload, with less activation "
-        "memory per GPU than save_on_cpu: %.3f vs %.3f s = %.2fx; activations %s GB (largest "
-        "stage; all %d stages %s GB) vs %s GB (PyTorch none: %s GB, save_on_cpu %.3f s)\n",
-        Verdict(ratio <= kPeerSlowdown && less), run.hidden, kPeerSlowdown, full->MedianStep(),
-        plain->step_s, ratio, Gb(static_cast<double>(per_gpu)), run.stages,
-        Gb(static_cast<double>(full->StashTotal())),
-        Gb(static_cast<double>(saved->activation_bytes)),
-        Gb(static_cast<double>(plain->activation_bytes)), saved->step_s);
-  }
-  if (!any_peer) {
-    absl::StrAppend(&out,
-                    "- n/a  PyTorch peer: needs po-f runs and torch_peer.py rows (none and "
-                    "save_on_cpu) at the same h\n");
-  }
-  return out;
 }
 
 }  // namespace pipeoffload::bench
