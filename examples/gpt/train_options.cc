@@ -279,6 +279,16 @@ const std::vector<FlagDef>& Flags() {
          o.config.optimizer.weight_decay = static_cast<float>(x);
          return absl::OkStatus();
        }},
+      {"saved", "LAYOUT",
+       "full | lean, with --backend cuda: what each layer saves for its backward. full "
+       "(default): 32 C bytes per token; lean: 20 C, recomputing the two LayerNorm outputs and "
+       "the GELU from what is kept before the weight gradients (about 5% more layer time at "
+       "C 4096, less at larger C), so 37.5% less activation memory to keep or offload.",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         if (v != "full" && v != "lean") return BadValue("saved", "full or lean", v);
+         o.lean_saved = v == "lean";
+         return absl::OkStatus();
+       }},
       // --- optimizer-state offload (cuda) ---
       {"optimizer-offload", "MODE",
        "none | cpu | interleaved | static, with --backend cuda. none (default): AdamW on the "
@@ -391,6 +401,10 @@ absl::Status CheckCombination(const TrainOptions& o) {
     return absl::InvalidArgumentError(
         "--optimizer-offload needs --backend cuda (the CPU trainer's optimizer state is in "
         "host memory already)");
+  }
+  if (o.lean_saved && !cuda) {
+    return absl::InvalidArgumentError(
+        "--saved lean needs --backend cuda (the CPU GPT keeps its full layout)");
   }
   if (o.gpu_share_given && o.optimizer_offload != TrainOptimizerOffload::kInterleaved &&
       o.optimizer_offload != TrainOptimizerOffload::kStatic) {

@@ -68,6 +68,7 @@ struct TrainOptions {
   TrainOptimizerOffload optimizer_offload = TrainOptimizerOffload::kNone;
   double gpu_share = 0.5;                                   // interleaved / static: GPU share
   std::int64_t optimizer_subgroup = std::int64_t{1} << 24;  // parameters per subgroup
+  bool lean_saved = false;  // --saved lean (cuda): layers recompute LN outputs and GELU in W
 
   // Flags given explicitly, to tell a default from a request that conflicts with a file.
   bool stages_given = false;

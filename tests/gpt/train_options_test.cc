@@ -236,6 +236,8 @@ TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "
        "--transport reference is the CPU reference trainer"},
       {{"--backend", "cuda", "--optimizer-offload", "cpu", "--weight-decay", "0.1"},
        "--weight-decay is not supported with --optimizer-offload"},
+      {{"--backend", "cuda", "--saved", "half"}, "--saved expects full or lean, got 'half'"},
+      {{"--saved", "lean"}, "--saved lean needs --backend cuda"},
   };
   for (const Case& c : cases) {
     const absl::StatusOr<TrainOptions> parsed = Parse(c.args);
@@ -291,9 +293,16 @@ TEST_CASE("--backend and the optimizer-offload flags land in the options", "[tra
   shared = Parse({"--backend", "cuda", "--optimizer-offload", "static", "--gpu-share", "0"});
   REQUIRE(shared.ok());
   CHECK(shared->gpu_share == 0.0);
+  CHECK_FALSE(shared->lean_saved);
+  absl::StatusOr<TrainOptions> lean = Parse({"--backend", "cuda", "--saved", "lean"});
+  REQUIRE(lean.ok());
+  CHECK(lean->lean_saved);
+  lean = Parse({"--backend", "cuda", "--saved", "lean", "--saved", "full"});
+  REQUIRE(lean.ok());
+  CHECK_FALSE(lean->lean_saved);
   const std::string help = TrainHelpText();
   for (const char* flag : {"--optimizer-offload MODE", "--gpu-share R", "--optimizer-subgroup N",
-                           "--backend NAME", "--memory-budget BYTES"}) {
+                           "--backend NAME", "--memory-budget BYTES", "--saved LAYOUT"}) {
     CAPTURE(flag);
     CHECK(help.find(flag) != std::string::npos);
   }

@@ -33,6 +33,7 @@ namespace pipeoffload::gpt {
 namespace {
 
 using cuda::GptCudaStageModel;
+using cuda::GptCudaStageOptions;
 
 constexpr std::int64_t kSubgroup = 4096;
 
@@ -74,11 +75,13 @@ TEST_CASE("a CUDA stage model without optimizer state holds none and refuses the
   INFO(backend.status().ToString());
   REQUIRE(backend.ok());
   absl::StatusOr<std::unique_ptr<GptCudaStageModel>> with =
-      GptCudaStageModel::Create(**backend, config, 2, 1, 0, data, /*with_optimizer_state=*/true);
+      GptCudaStageModel::Create(**backend, config, 2, 1, 0, data,
+                                GptCudaStageOptions{.with_optimizer_state = true});
   INFO(with.status().ToString());
   REQUIRE(with.ok());
   absl::StatusOr<std::unique_ptr<GptCudaStageModel>> without =
-      GptCudaStageModel::Create(**backend, config, 2, 1, 0, data, /*with_optimizer_state=*/false);
+      GptCudaStageModel::Create(**backend, config, 2, 1, 0, data,
+                                GptCudaStageOptions{.with_optimizer_state = false});
   INFO(without.status().ToString());
   REQUIRE(without.ok());
 

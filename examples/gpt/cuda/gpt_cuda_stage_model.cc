@@ -26,7 +26,7 @@ constexpr double kWaitSeconds = 120.0;
 
 absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
     Backend& backend, const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
-    std::shared_ptr<const GptData> data, bool with_optimizer_state) {
+    std::shared_ptr<const GptData> data, const GptCudaStageOptions& options) {
   PO_RETURN_IF_ERROR(ValidateGptConfig(config));
   PO_RETURN_IF_ERROR(ValidatePipelineShape(num_stages, chunks_per_stage, stage));
   if (data == nullptr) return absl::InvalidArgumentError("GptCudaStageModel needs a data source");
@@ -37,14 +37,15 @@ absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
   PO_RETURN_IF_ERROR(guard.Enter(device));
   std::unique_ptr<GptCudaStageModel> model(
       new GptCudaStageModel(backend, config, num_stages, stage, std::move(data), device, stream));
-  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
+  LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
+  dims.lean_saved = options.lean_saved;
   PO_ASSIGN_OR_RETURN(model->context_, GptCudaContext::Create(dims, device, stream));
   const int num_virtual = num_stages * chunks_per_stage;
   for (int c = 0; c < chunks_per_stage; ++c) {
     PO_ASSIGN_OR_RETURN(
         std::unique_ptr<GptCudaChunk> chunk,
         GptCudaChunk::CreateGpt(config, c * num_stages + stage, num_virtual, *model->context_));
-    if (!with_optimizer_state) {
+    if (!options.with_optimizer_state) {
       // CreateGpt always allocates the state to upload the init: keep the masters on the host
       // and give the GPU memory back before the next chunk takes its own.
       PO_ASSIGN_OR_RETURN(std::vector<float> masters, chunk->params().DownloadMasters(stream));

@@ -41,12 +41,21 @@
 
 namespace pipeoffload::gpt::cuda {
 
+// How a stage model is built beyond its GptConfig.
+struct GptCudaStageOptions {
+  // false: no fp32 master, m or v on the GPU (an optimizer-offload engine owns them); see Create.
+  bool with_optimizer_state = true;
+  // true: every layer saves 20 C instead of 32 C bytes per token and recomputes its LayerNorm
+  // outputs and GELU before the weight gradients (LayerDims::lean_saved, gpt_cuda_layer.h).
+  bool lean_saved = false;
+};
+
 class GptCudaStageModel final : public StageModel {
  public:
   // Stage `stage` of `num_stages` with `chunks_per_stage` chunks on `backend` (a CUDA backend,
   // which must outlive the model). Parameters, gradients, AdamW state, scratch and the step's
   // token buffers are cudaMalloc'd here (outside the runtime's arena), once.
-  // With `with_optimizer_state` false the model keeps no fp32 master, m or v on the GPU: each
+  // With options.with_optimizer_state false the model keeps no fp32 master, m or v on the GPU: each
   // chunk's (which GptCudaChunk::CreateGpt allocates to upload the init) is copied to the host
   // and dropped as soon as the chunk exists, so creation holds at most one chunk's state and
   // the model none after; the host copies wait for TakeInitialMasters.
@@ -55,7 +64,7 @@ class GptCudaStageModel final : public StageModel {
   // Unimplemented for tied embeddings; allocation / CUDA / cuBLAS errors.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GptCudaStageModel>> Create(
       Backend& backend, const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
-      std::shared_ptr<const GptData> data, bool with_optimizer_state = true);
+      std::shared_ptr<const GptData> data, const GptCudaStageOptions& options = {});
   // Waits for the compute stream, then frees everything.
   ~GptCudaStageModel() override;
 

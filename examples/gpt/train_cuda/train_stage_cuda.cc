@@ -33,6 +33,7 @@ namespace {
 using cuda::bf16;
 using cuda::DeviceParameters;
 using cuda::GptCudaStageModel;
+using cuda::GptCudaStageOptions;
 
 // Stage creations of this process one at a time, so that each one's cudaMemGetInfo difference
 // sees its own allocations (stages as threads on one GPU would otherwise overlap).
@@ -272,7 +273,9 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCudaTrainStage(const TrainOpti
   }
   absl::StatusOr<std::unique_ptr<GptCudaStageModel>> model =
       GptCudaStageModel::Create(backend, spec.config, spec.num_stages, spec.chunks_per_stage,
-                                spec.stage, spec.data, /*with_optimizer_state=*/!offload);
+                                spec.stage, spec.data,
+                                GptCudaStageOptions{.with_optimizer_state = !offload,
+                                                    .lean_saved = options.lean_saved});
   if (!model.ok()) {
     if (model.status().code() == absl::StatusCode::kUnimplemented) {
       return absl::InvalidArgumentError(
