@@ -348,6 +348,7 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
   PO_ASSIGN_OR_RETURN(result.device_used_bytes, DeviceUsedBytes());
   result.stash_peak.assign(static_cast<std::size_t>(p), 0);
   result.stash_physical_peak.assign(static_cast<std::size_t>(p), 0);
+  result.p2p_peak.assign(static_cast<std::size_t>(p), 0);
   for (int step = 0; step < options.warmup + options.steps; ++step) {
     for (auto& model : timed) model->StartStep();
     absl::StatusOr<StepResult> ran = RunStep(executors, rigs);
@@ -370,6 +371,7 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
       result.stash_peak[d] = std::max(result.stash_peak[d], stage.stash_high_water_bytes);
       result.stash_physical_peak[d] =
           std::max(result.stash_physical_peak[d], stage.stash_physical_high_water_bytes);
+      result.p2p_peak[d] = std::max(result.p2p_peak[d], stage.p2p_high_water_bytes);
       result.offloaded_bytes += stage.offloaded_bytes;
       result.wait_seconds.push_back(stage.wait_seconds);
       // Release waits from the executor: RELEASE no longer blocks by default, so the time

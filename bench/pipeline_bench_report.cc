@@ -290,6 +290,23 @@ std::string RunToMarkdown(const BenchRun& run) {
     }
     absl::StrAppend(&out, " (GPU used ", Gb(static_cast<double>(r.device_used_bytes)), ");");
   }
+  // What the stages needed, as opposed to what the arenas reserved: the reserve for P2P is a
+  // worst-case bound that grows with the number of messages (v), not with what offload saves.
+  absl::StrAppend(&out, "\n\nNeeded per stage, GB (model's own + physical stash peak + measured "
+                        "P2P peak):");
+  for (const PolicyRun& r : run.policies) {
+    if (r.p2p_peak.size() != r.model_bytes.size()) continue;  // an older JSON line
+    absl::StrAppend(&out, " ", r.name, ":");
+    std::int64_t total = 0;
+    for (std::size_t d = 0; d < r.p2p_peak.size(); ++d) {
+      const std::int64_t stash = r.PhysicalPeak(d);
+      total += r.model_bytes[d] + stash + r.p2p_peak[d];
+      absl::StrAppend(&out, d == 0 ? " " : " / ", Gb(static_cast<double>(r.model_bytes[d])), "+",
+                      Gb(static_cast<double>(stash)), "+",
+                      Gb(static_cast<double>(r.p2p_peak[d])));
+    }
+    absl::StrAppend(&out, " (all stages ", Gb(static_cast<double>(total)), ");");
+  }
   absl::StrAppend(&out, "\n\nLast step: GPU busy (some stage's model work in flight, CUDA "
                         "events) of the step, and executor waits per stage in s (all: receives, "
                         "reloads, releases, barriers; r = for released blocks' D2H copies, b = in "
@@ -320,6 +337,7 @@ std::string RunToJsonLine(const BenchRun& run) {
                             {"predicted_peak", r.predicted_peak},
                             {"stash_physical_peak", r.stash_physical_peak},
                             {"arena_bytes", r.arena_bytes},
+                            {"p2p_peak", r.p2p_peak},
                             {"model_bytes", r.model_bytes},
                             {"wait_seconds", r.wait_seconds},
                             {"release_wait", r.release_wait},
@@ -419,6 +437,7 @@ absl::Status ReadRun(const json& object, int line, BenchRun& run) {
     PO_READ(p, "predicted_peak", &r.predicted_peak, line);
     PO_READ_OPTIONAL(p, "stash_physical_peak", &r.stash_physical_peak, line);
     PO_READ(p, "arena_bytes", &r.arena_bytes, line);
+    PO_READ_OPTIONAL(p, "p2p_peak", &r.p2p_peak, line);
     PO_READ(p, "model_bytes", &r.model_bytes, line);
     PO_READ(p, "wait_seconds", &r.wait_seconds, line);
     PO_READ(p, "release_wait", &r.release_wait, line);

@@ -31,6 +31,10 @@ struct PolicyRun {
   // read it as stash_peak (the RELEASE of that runtime blocked, so the two were equal).
   std::vector<std::int64_t> stash_physical_peak;
   std::vector<std::int64_t> arena_bytes;      // [stage] the arena's size
+  // [stage] measured P2P high water (IterationStats::p2p_high_water_bytes, max over steps): what
+  // the arena's P2P reserve (a worst-case bound: every SEND/RECV buffer of the step at once)
+  // was actually used for. Empty in JSON lines from before it was recorded.
+  std::vector<std::int64_t> p2p_peak;
   std::vector<std::int64_t> model_bytes;      // [stage] the model's own device memory
   std::vector<double> wait_seconds;  // [stage] executor blocked (receives, copies, barriers)
   // [stage] of which waiting for released blocks' D2H copies (IterationStats::

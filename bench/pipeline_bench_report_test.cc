@@ -94,6 +94,7 @@ TEST_CASE("report: JSON lines round-trip; bad lines name the field", "[pipeline_
   run.policies[1].stash_physical_peak = {130, 120};
   run.policies[1].calibrated_step = 1.04;
   run.policies[1].release_wait = {0.125, 0.0};
+  run.policies[1].p2p_peak = {64, 32};
   run.calibration_scale = 1.0625;
   run.release_mode = "defer";
   absl::StatusOr<std::vector<BenchRun>> parsed =
@@ -113,6 +114,7 @@ TEST_CASE("report: JSON lines round-trip; bad lines name the field", "[pipeline_
   CHECK(back.policies[1].stash_physical_peak == std::vector<std::int64_t>{130, 120});
   CHECK(back.policies[1].calibrated_step == 1.04);
   CHECK(back.policies[1].release_wait == std::vector<double>{0.125, 0.0});
+  CHECK(back.policies[1].p2p_peak == std::vector<std::int64_t>{64, 32});
   CHECK(back.policies[1].auto_choice == "auto: chose x");
   CHECK(back.policies[1].StashTotal() == 250);  // physical
   CHECK(back.policies[1].wait_seconds == std::vector<double>{0.5, 0.25});
@@ -148,7 +150,8 @@ TEST_CASE("report: lines from before physical peaks and calibration still read",
   run.calibration_scale = 1.0625;
   std::string old = RunToJsonLine(run);
   for (const std::string key :
-       {"stash_physical_peak", "calibrated_step", "calibration_scale", "release_mode"}) {
+       {"stash_physical_peak", "calibrated_step", "calibration_scale", "release_mode",
+        "p2p_peak"}) {
     old = WithoutKey(old, key);
     CHECK(old.find(key) == std::string::npos);
   }
@@ -160,6 +163,7 @@ TEST_CASE("report: lines from before physical peaks and calibration still read",
   REQUIRE(back.policies.size() == 2);
   const PolicyRun& po_h = back.policies[1];
   CHECK(po_h.stash_physical_peak.empty());
+  CHECK(po_h.p2p_peak.empty());
   CHECK(po_h.calibrated_step == 0.0);
   // The physical peak falls back to the logical one (equal under a blocking RELEASE).
   CHECK(po_h.PhysicalPeak(0) == 200);
@@ -184,6 +188,7 @@ TEST_CASE("report: one markdown row per policy, failures say why", "[pipeline_be
   po_f.calibrated_step = 1.03;
   po_f.release_wait = {0.125, 0.0625};
   po_f.barrier_wait = {0.0, 0.0};
+  po_f.p2p_peak = {500'000'000, 250'000'000};
   std::string text = RunToMarkdown(run);
   INFO(text);
   // 600 TFLOP / 1.02 s; stage 0 4 -> 1.2 GB physical (1 logical); 44 / 55 GB/s of the link;
@@ -200,6 +205,10 @@ TEST_CASE("report: one markdown row per policy, failures say why", "[pipeline_be
         std::string::npos);
   CHECK(text.find("po-f: busy 0.000 of 1.020 s, waits 0.500 (r 0.125 b 0.000) / 0.250 (r 0.062 "
                   "b 0.000);") != std::string::npos);
+  // Needed = model + physical stash + measured P2P, per stage and in all; only po-f has a P2P
+  // peak here (1f1b reads as an older line and is left out of that line).
+  CHECK(text.find("P2P peak): po-f: 0.00+1.20+0.50 / 0.00+1.10+0.25 (all stages 3.05);") !=
+        std::string::npos);
 
   // Without 1f1b: no calibration, said once; a logical peak off its prediction is named.
   run.calibration_scale = 0.0;

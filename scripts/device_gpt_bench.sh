@@ -17,11 +17,13 @@
 # Shapes (layers per stage = chunks x layers per chunk; total layers = 4 x that) and policies
 # (offload policies plan on the link split p ways, pipeline_bench's default; 1f1b is the
 # baseline and calibrates the one-GPU simulation):
-#   h=8192: group-interleaved v=4, 1 layer/chunk (16 layers)  ~5 s steps: 1f1b, po-f
-#   h=4096: group-interleaved v=4, 1 layer/chunk (16 layers)  ~1.4 s steps: 1f1b, po-h, po-f
-#   h=2048: group-interleaved v=4, 4 layers/chunk (64 layers) ~1.8 s steps (transfer-bound):
-#           1f1b, auto, po-f
-# Measured on the H200 (2026-11-29): 50 + 27 + 35 s of pipeline_bench; the peer ~80 s at
+#   h=8192: group-interleaved v=4, 1 layer/chunk (16 layers)  ~5 s steps
+#   h=4096: group-interleaved v=4, 1 layer/chunk (16 layers)  ~1.4 s steps
+#   h=2048: group-interleaved v=4, 4 layers/chunk (64 layers) ~1.8 s steps (transfer-bound)
+# each with the five policies: 1f1b (the baseline), po-h, po-f, selective (0.5) and
+# auto (budget: half of 1f1b's largest stage peak; 0.6 at h=2048, where 0.5 sits at the 3% bar).
+# Measured on the H200 (2026-11-29), two policies at h=8192 took 47 s, three at 4096 26 s, three
+# at 2048 34 s (so about 115 + 36 + 50 s for five each); the peer ~80 s at
 # h=4096, but over 4 min at h=8192 alone (save_on_cpu takes 26 s a step there), so by default it
 # runs at h=4096 only (GPT_BENCH_PEER_ONLY=8192,4096,2048 for all, in a longer call).
 # Each run has a time limit, runs still to start past $GPT_BENCH_DEADLINE_S (420 s) are skipped,
@@ -106,11 +108,12 @@ run() {  # run LABEL LIMIT_S COMMAND...: logs the command and its stderr, record
 # Each row runs what the checklist judges at that h (pipeline_bench --summarize). At h=8192 the
 # factor search may accept 2.5% predicted (the bar is 3%). P:shared plans P on the one shared
 # link with BARRIER hand-overs (the old default), po-f@C pins the planner's compute factor:
-# add them to a row to compare (docs/benchmarks.md). --release=wait A/Bs the blocking RELEASE.
+# add them to a row to compare (docs/benchmarks.md). --release=wait A/Bs the blocking RELEASE;
+# --saved=lean runs the GPT with lean saved activations (20 h instead of 32 h bytes per token).
 configs=(
-  "8192 150 --chunks=4 --layers-per-chunk=1 --policies=1f1b,po-f --sim-tolerance=0.025 16"
-  "4096 90 --chunks=4 --layers-per-chunk=1 --policies=1f1b,po-h,po-f 16"
-  "2048 90 --chunks=4 --layers-per-chunk=4 --policies=1f1b,auto,po-f --budget-fraction=0.6 64"
+  "8192 170 --chunks=4 --layers-per-chunk=1 --policies=1f1b,po-h,po-f,selective,auto --budget-fraction=0.5 --sim-tolerance=0.025 16"
+  "4096 80 --chunks=4 --layers-per-chunk=1 --policies=1f1b,po-h,po-f,selective,auto --budget-fraction=0.5 16"
+  "2048 90 --chunks=4 --layers-per-chunk=4 --policies=1f1b,po-h,po-f,selective,auto --budget-fraction=0.6 64"
 )
 steps=(--warmup=1 --steps=3)
 peer_steps=(--warmup=1 --steps=3 --offload-steps=1)
