@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/optim/bench_flags.h"
 #include "lib/optim/worker_pool.h"
 #include "nlohmann/json.hpp"
 #include "pipeoffload/adam.h"
@@ -76,16 +77,6 @@ struct Flags {
   std::exit(2);
 }
 
-std::vector<std::string> Split(const std::string& list) {
-  std::vector<std::string> items;
-  std::stringstream stream(list);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    if (!item.empty()) items.push_back(item);
-  }
-  return items;
-}
-
 std::int64_t ParseInt(const std::string& flag, const std::string& text, std::int64_t min) {
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 0);
@@ -97,12 +88,8 @@ std::int64_t ParseInt(const std::string& flag, const std::string& text, std::int
 
 Flags ParseFlags(int argc, char** argv) {
   Flags flags;
-  for (int i = 0; i < argc; ++i) flags.command += (i ? " " : "") + std::string(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const std::size_t eq = arg.find('=');
-    const std::string name = arg.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+  flags.command = bench::CommandLine(argc, argv);
+  for (const auto& [name, value] : bench::SplitFlags(argc, argv)) {
     if (name == "--params") {
       flags.params = ParseInt(name, value, 1);
     } else if (name == "--big") {
@@ -114,7 +101,7 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (name == "--threads") {
       flags.threads = value;
     } else if (name == "--isas") {
-      for (const std::string& isa_name : Split(value)) {
+      for (const std::string& isa_name : bench::SplitList(value)) {
         bool known = false;
         for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
           if (CpuIsaName(isa) == isa_name) {
@@ -135,7 +122,7 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (name == "--json") {
       flags.json_path = value;
     } else if (name == "--skew") {
-      const std::vector<std::string> items = Split(value);
+      const std::vector<std::string> items = bench::SplitList(value);
       if (items.size() != 5) Usage("--skew wants 5 cache-line counts: p,m,v,g,bf16");
       for (std::size_t k = 0; k < 5; ++k) {
         flags.skews[k] = static_cast<int>(ParseInt(name, items[k], 0));
@@ -143,14 +130,14 @@ Flags ParseFlags(int argc, char** argv) {
       }
     } else if (name == "--prefetch") {
       flags.prefetch.clear();
-      for (const std::string& item : Split(value)) {
+      for (const std::string& item : bench::SplitList(value)) {
         flags.prefetch.push_back(static_cast<int>(ParseInt(name, item, -1)));
       }
       if (flags.prefetch.empty()) Usage("--prefetch names no distance");
     } else if (name == "--no-stream") {
       flags.stream = false;
     } else {
-      Usage("unknown flag '" + arg + "'");
+      Usage("unknown flag '" + name + "'");
     }
   }
   if (flags.isas.empty()) {
@@ -170,7 +157,7 @@ std::vector<int> ThreadCounts(const std::string& spec, int all) {
     for (int t = 1; t < all; t *= 2) counts.push_back(t);
     counts.push_back(all);
   } else {
-    for (const std::string& item : Split(spec)) {
+    for (const std::string& item : bench::SplitList(spec)) {
       counts.push_back(static_cast<int>(ParseInt("--threads", item, 1)));
     }
   }

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/optim/bench_flags.h"
 #include "lib/backend/cuda/cuda_check.h"
 #include "lib/optim/cuda/calibrate.h"
 #include "lib/optim/cuda/update_model.h"
@@ -80,12 +81,8 @@ double ParseNumber(const std::string& name, const std::string& value, double min
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 0; i < argc; ++i) f.command += (i ? " " : "") + std::string(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const std::size_t eq = arg.find('=');
-    const std::string name = arg.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+  f.command = bench::CommandLine(argc, argv);
+  for (const auto& [name, value] : bench::SplitFlags(argc, argv)) {
     if (name == "--params") {
       f.params = static_cast<std::int64_t>(ParseNumber(name, value, 1));
     } else if (name == "--subgroup") {
@@ -98,8 +95,7 @@ Flags ParseFlags(int argc, char** argv) {
       f.share_step = ParseNumber(name, value, 0.001);
     } else if (name == "--static") {
       f.statics.clear();
-      std::stringstream list(value);
-      for (std::string item; std::getline(list, item, ',');) {
+      for (const std::string& item : bench::SplitList(value)) {
         const double s = ParseNumber(name, item, 0.0);
         if (s > 1.0) Usage("--static shares must be in [0, 1]");
         f.statics.push_back(s);
@@ -116,7 +112,7 @@ Flags ParseFlags(int argc, char** argv) {
       f.steps = 1;
       f.calib_params = std::int64_t{1} << 20;
     } else {
-      Usage("unknown flag " + arg);
+      Usage("unknown flag " + name);
     }
   }
   return f;
