@@ -59,14 +59,9 @@ out=${OUT:-$PWD/device-logs}
 mkdir -p "$out"
 results=$(mktemp -d)
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# cuBLAS is linked dynamically: find it when the loader cannot.
-for dir in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 \
-           $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
-  if [[ -e "$dir/libcublas.so.13" ]]; then
-    export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    break
-  fi
-done
+# cuBLAS is linked dynamically: put it on the loader's path for every job.
+source "$root/scripts/find_cublas.sh"
+po_find_cublas || echo "device_batch: no libcublas.so.13 found; jobs may fail to load" >&2
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -65,15 +65,8 @@ peers="$work/peers.jsonl"
 export NCCL_NVLS_ENABLE=0
 
 # pipeline_bench links cuBLAS dynamically: find it when the loader cannot.
-if ldd "$bench" | grep -q "not found"; then
-  for dir in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/*/lib \
-             $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
-    if [[ -e "$dir/libcublas.so.13" ]]; then
-      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      break
-    fi
-  done
-fi
+source "$root/scripts/find_cublas.sh"
+po_find_cublas "$bench"
 
 {
   echo "## Offload pipeline on one H200: pipeline_bench and the PyTorch peer, $(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -39,15 +39,8 @@ md="$out/pipeline_bench.md"
 log="$out/pipeline_bench.log"
 export NCCL_NVLS_ENABLE=0
 
-if ldd "$bench" | grep -q "not found"; then
-  for dir in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/*/lib \
-             $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
-    if [[ -e "$dir/libcublas.so.13" ]]; then
-      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      break
-    fi
-  done
-fi
+source "$root/scripts/find_cublas.sh"
+po_find_cublas "$bench"
 
 {
   echo "## pipeline_bench, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
