@@ -326,10 +326,22 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
   executor_options.wait_timeout_seconds = kWaitTimeoutSeconds;
   executor_options.stash.wait_for_copy_at_release = options.release_wait;
   executor_options.stash_physical_slack_bytes = options.release_uncapped ? -1 : 0;
+  // P2P lifetimes across the stages: each arena reserves their peak and each executor holds to
+  // it (waiting for a send once its receiver is known to have posted), unless asked for the
+  // worst-case reserve.
+  std::vector<P2PLifetimes> p2p;
+  if (!options.p2p_reserve_worst) {
+    absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(schedule);
+    if (!analyzed.ok()) return Annotate(analyzed.status(), absl::StrCat(plan.name, ": P2P plan"));
+    p2p = *std::move(analyzed);
+  }
   for (int d = 0; d < p; ++d) {
     StageRig& rig = rigs[static_cast<std::size_t>(d)];
+    const P2PLifetimes* stage_p2p = p2p.empty() ? nullptr : &p2p[static_cast<std::size_t>(d)];
+    executor_options.p2p_guarantee_points =
+        stage_p2p == nullptr ? std::vector<int>{} : stage_p2p->guarantee_point;
     DeviceArenaOptions arena_options;
-    arena_options.budget_bytes = ArenaBudget(schedule, d, rig.model->BoundaryBytes());
+    arena_options.budget_bytes = ArenaBudget(schedule, d, rig.model->BoundaryBytes(), stage_p2p);
     arena_options.poison_on_free = false;  // a benchmark: no fill kernels on release
     PO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceArena> arena,
                         DeviceArena::Create(*rig.backend, arena_options));
@@ -484,7 +496,8 @@ absl::Status Bench(const BenchOptions& options) {
 
   BenchRun run;
   // The record names the layout too: "gpt --saved=lean" rows are not comparable to full ones.
-  run.model = absl::StrCat(ModelName(options), options.lean_saved ? " --saved=lean" : "");
+  run.model = absl::StrCat(ModelName(options), options.lean_saved ? " --saved=lean" : "",
+                           options.p2p_reserve_worst ? " --p2p-reserve=worst" : "");
   run.hidden = options.hidden;
   run.heads = options.Heads();
   run.sequence = options.sequence;

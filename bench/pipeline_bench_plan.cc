@@ -122,6 +122,8 @@ const char kBenchUsage[] =
     "   ends without blocking the stage, an allocation past the predicted stash peak waiting\n"
     "   instead; or host-waits the copy first: the blocking RELEASE, to A/B; or defers without\n"
     "   the cap: released blocks may use any free arena memory meanwhile)\n"
+    "  [--p2p-reserve=plan|worst] (each arena's room for P2P buffers: the peak of their\n"
+    "   lifetimes across stages, which the executor then holds to, or every buffer of the step)\n"
     "  [--out=MD] [--json=JSONL] [--trace-dir=DIR] [--dry-run [--forward-ms=F --backward-ms=B]]\n"
     "  or: pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n";
 
@@ -143,6 +145,9 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
     if (flag == "--model") {
       if (value != "gemm" && value != "gpt") return BadFlag(flag, value, "gemm or gpt");
       options.model = value;
+    } else if (flag == "--p2p-reserve") {
+      if (value != "plan" && value != "worst") return BadFlag(flag, value, "plan or worst");
+      options.p2p_reserve_worst = value == "worst";
     } else if (flag == "--saved") {
       if (value != "full" && value != "lean") return BadFlag(flag, value, "full or lean");
       options.lean_saved = value == "lean";
@@ -480,7 +485,8 @@ absl::Status Calibrate(const std::vector<std::optional<PlannedPolicy>>& plans, B
   return first_error;
 }
 
-std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes) {
+std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes,
+                         const P2PLifetimes* p2p) {
   const StagePrediction& predicted =
       schedule.predictions->stages[static_cast<std::size_t>(stage)];
   const StageProgram& program = schedule.stages[static_cast<std::size_t>(stage)];
@@ -488,6 +494,9 @@ std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t bound
   const std::int64_t entry =
       predicted.peak_units > 0 ? predicted.peak_bytes / predicted.peak_units : 0;
   const std::int64_t stash = predicted.peak_units * AlignUp(entry);
+  if (p2p != nullptr) {
+    return stash + P2PBoundBytes(*p2p, boundary_bytes, kArenaAlignment) + kArenaAlignment;
+  }
   // P2P: every block a SEND or RECV op uses could be live at once (a bound, not a prediction),
   // plus the outputs of the F/B ops that feed the sends.
   std::int64_t p2p_ops = 0;
@@ -550,6 +559,11 @@ std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
         plan.base_step > 0 ? (plan.shared.step_time / plan.base_step - 1) * 100 : 0.0,
         plan.shared.compute_work, plan.shared.gpu_idle, plan.shared.copy_stall,
         predicted.step_time, predicted.step_time_without_offload);
+    // The arenas as a run would size them (P2P room from the lifetimes unless --p2p-reserve=worst).
+    absl::StatusOr<std::vector<P2PLifetimes>> p2p =
+        options.p2p_reserve_worst ? absl::StatusOr<std::vector<P2PLifetimes>>(
+                                        std::vector<P2PLifetimes>{})
+                                  : AnalyzeP2P(plan.schedule);
     for (std::size_t d = 0; d < predicted.stages.size(); ++d) {
       const StagePrediction& stage = predicted.stages[d];
       absl::StrAppendFormat(&out,
@@ -559,7 +573,8 @@ std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
                             stage.peak_units_without_offload,
                             stage.peak_bytes_without_offload / 1e9, stage.offloaded_bytes / 1e9,
                             ArenaBudget(plan.schedule, static_cast<int>(d),
-                                        plan.solo.boundary_bytes) /
+                                        plan.solo.boundary_bytes,
+                                        p2p.ok() && d < p2p->size() ? &(*p2p)[d] : nullptr) /
                                 1e9);
     }
     for (const std::string& warning : predicted.warnings) {

@@ -53,6 +53,7 @@
 #include "bench/pipeline_bench_report.h"
 #include "bench/pipeline_bench_shared_sim.h"
 #include "pipeoffload/cost_model.h"
+#include "pipeoffload/p2p_lifetimes.h"
 #include "pipeoffload/schedule.h"
 
 namespace pipeoffload::bench {
@@ -112,6 +113,10 @@ struct BenchOptions {
   // memory.
   bool release_wait = false;
   bool release_uncapped = false;
+  // --p2p-reserve=worst: each arena reserves every SEND/RECV buffer of the step (the reserve of
+  // earlier runs) and the executor gets no P2P plan; the default, plan, reserves the peak of
+  // AnalyzeP2P's lifetimes and has the executor hold to it.
+  bool p2p_reserve_worst = false;
   std::string out;          // append the markdown here too
   std::string json;         // append one JSON line of results here
   std::string trace_dir;    // write each policy's last measured step as Chrome trace JSON here
@@ -235,8 +240,12 @@ struct PlannedPolicy {
 std::int64_t MaxPeakBytes(const Schedule& schedule);
 
 // Device arena budget for `stage` of `schedule`: its predicted stash peak with the arena's
-// 256-byte alignment per entry, plus room for the P2P buffers that can be live at once.
-std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes);
+// 256-byte alignment per entry, plus room for the P2P buffers that can be live at once: with
+// `p2p` (the stage's AnalyzeP2P result, which the executor then enforces through
+// ExecutorOptions::p2p_guarantee_points) its peak; without, every SEND/RECV buffer of the step
+// (--p2p-reserve=worst, the reserve of earlier runs).
+std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes,
+                         const P2PLifetimes* p2p = nullptr);
 
 // Model FLOP of one step by the convention of reference/hardware.md section 4 (and of
 // scripts/torch_peer.py): per layer and microbatch of s tokens, F + B = 72 h^2 s + 12 s^2 h

@@ -356,6 +356,44 @@ TEST_CASE("flags: values, defaults and errors naming the flag", "[pipeline_bench
   }
 }
 
+TEST_CASE("arena budgets: the P2P plan's peak, far below every buffer of the step",
+          "[pipeline_bench]") {
+  BenchOptions options;
+  options.family = "group-interleaved";
+  options.chunks = 4;
+  const ChunkCosts costs = Chunk(2e-3, 4e-3, 50'000'000);
+  absl::StatusOr<PlannedPolicy> plan = PlanPolicy(options, "po-f@4", costs, 1, LinkFigures{}, 0);
+  REQUIRE(plan.ok());
+  absl::StatusOr<std::vector<P2PLifetimes>> p2p = AnalyzeP2P(plan->schedule);
+  REQUIRE(p2p.ok());
+  REQUIRE(p2p->size() == 4u);
+  constexpr std::int64_t kBoundary = 1'000'000;  // 1000192 with the arena's alignment
+  for (int d = 0; d < 4; ++d) {
+    CAPTURE(d);
+    const StageProgram& program = plan->schedule.stages[static_cast<std::size_t>(d)];
+    std::int64_t p2p_ops = 0;
+    for (const Op& op : program.ops) p2p_ops += IsP2P(op.kind) ? 1 : 0;
+    const std::int64_t worst = ArenaBudget(plan->schedule, d, kBoundary);
+    const std::int64_t planned =
+        ArenaBudget(plan->schedule, d, kBoundary, &(*p2p)[static_cast<std::size_t>(d)]);
+    const std::int64_t blocks = (*p2p)[static_cast<std::size_t>(d)].peak_blocks;
+    CHECK(blocks > 0);
+    CHECK(worst - planned == (p2p_ops + 2 - blocks) * 1000192);
+    CHECK(blocks * 4 <= p2p_ops);  // v = 4: many messages, few live at once
+  }
+  // --p2p-reserve chooses between them.
+  absl::StatusOr<BenchOptions> parsed = Parse({"--p2p-reserve=worst"});
+  REQUIRE(parsed.ok());
+  CHECK(parsed->p2p_reserve_worst);
+  parsed = Parse({});
+  REQUIRE(parsed.ok());
+  CHECK_FALSE(parsed->p2p_reserve_worst);
+  parsed = Parse({"--p2p-reserve=some"});
+  REQUIRE_FALSE(parsed.ok());
+  CHECK(std::string(parsed.status().message()).find("--p2p-reserve=some: expected plan or worst") !=
+        std::string::npos);
+}
+
 TEST_CASE("policy names: base, @C and the link suffix", "[pipeline_bench]") {
   struct Case {
     std::string name, base;

@@ -332,11 +332,22 @@ const std::vector<FlagDef>& Flags() {
       // --- the runtime ---
       {"arena-bytes", "BYTES",
        "device memory budget of each stage's arena (suffixes K, M, G, Ki, Mi, Gi). Default: "
-       "the plan's stash peak plus every P2P buffer it could hold, with slack. A budget below "
-       "the plan's stash peak is an error before training starts; one that holds the stash "
-       "but not the P2P buffers fails the first step.",
+       "the plan's stash peak plus the peak of its P2P buffers (their lifetimes across the "
+       "stages, which the runtime holds to; --p2p-reserve worst: every P2P buffer of the step), "
+       "with slack. A budget below the two peaks together (with worst: below the stash peak) "
+       "is an error before training starts.",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          PO_ASSIGN_OR_RETURN(o.arena_bytes, ParseBytes("arena-bytes", v));
+         return absl::OkStatus();
+       }},
+      {"p2p-reserve", "MODE",
+       "plan | worst. plan (default): the P2P buffers' lifetimes across the stages bound each "
+       "arena's room for them, and the runtime holds to it (it waits for a send once its "
+       "receiver is known to have posted the receive). worst: no such waits, and room for "
+       "every P2P buffer of the step (what earlier versions reserved).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         if (v != "plan" && v != "worst") return BadValue("p2p-reserve", "plan or worst", v);
+         o.p2p_reserve_worst = v == "worst";
          return absl::OkStatus();
        }},
       {"watchdog", "SECONDS",

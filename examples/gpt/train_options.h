@@ -61,6 +61,7 @@ struct TrainOptions {
   std::int64_t arena_bytes = 0;    // per-stage device arena budget; 0 = fitted to the plan
   double watchdog_seconds = 60.0;  // bound on every wait (runtime, side channel)
   bool poison = false;             // fill released arena memory with NaN (catches misuse)
+  bool p2p_reserve_worst = false;  // --p2p-reserve worst: no P2P plan, room for every buffer
   std::string trace_path;          // measured Perfetto trace of the last step
 
   // The device (--backend) and, with cuda, the optimizer state's home.

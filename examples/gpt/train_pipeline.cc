@@ -168,6 +168,17 @@ absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::in
   const StageProgram& program = stage.schedule.stages[static_cast<std::size_t>(rank)];
   const StagePrediction& prediction =
       stage.schedule.predictions->stages[static_cast<std::size_t>(rank)];
+  // P2P buffer lifetimes over all stages: the arena reserves their peak and the executor holds
+  // to it (it waits for a send once its receiver is known to have posted the receive).
+  // --p2p-reserve worst: neither (room for every P2P buffer of the step, no waits).
+  const P2PLifetimes* stage_p2p = nullptr;
+  std::vector<P2PLifetimes> p2p;
+  if (!options.p2p_reserve_worst) {
+    absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(stage.schedule);
+    if (!analyzed.ok()) return Annotate(analyzed.status(), "the schedule's P2P buffer lifetimes");
+    p2p = *std::move(analyzed);
+    stage_p2p = &p2p[static_cast<std::size_t>(rank)];
+  }
   DeviceArenaOptions arena_options;
   arena_options.alignment = kArenaAlignment;
   arena_options.poison_on_free = options.poison || kPoisonByDefault;
@@ -175,10 +186,11 @@ absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::in
       options.arena_bytes > 0
           ? options.arena_bytes
           : DefaultArenaBytes(program, prediction, stage.model->BoundaryBytes(), kArenaAlignment,
-                              LargestEntryBytes(*stage.model, stage.spec));
+                              LargestEntryBytes(*stage.model, stage.spec), stage_p2p);
   PO_ASSIGN_OR_RETURN(stage.arena, DeviceArena::Create(stage.train->backend(), arena_options));
   ExecutorOptions executor_options;
   executor_options.wait_timeout_seconds = options.watchdog_seconds;
+  if (stage_p2p != nullptr) executor_options.p2p_guarantee_points = stage_p2p->guarantee_point;
   absl::StatusOr<std::unique_ptr<Executor>> executor =
       Executor::Create(stage.spec, program, *stage.model, stage.train->backend(), *stage.arena,
                        transport, executor_options);

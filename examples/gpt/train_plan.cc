@@ -133,7 +133,7 @@ absl::StatusOr<Schedule> PlanSchedule(const PipelineSpec& spec,
 
 std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePrediction& prediction,
                                std::int64_t boundary_bytes, std::int64_t alignment,
-                               std::int64_t largest_entry_bytes) {
+                               std::int64_t largest_entry_bytes, const P2PLifetimes* p2p) {
   const auto aligned = [&](std::int64_t bytes) {
     return (bytes + alignment - 1) / alignment * alignment;
   };
@@ -145,8 +145,10 @@ std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePredictio
     }
   }
   const std::int64_t stash = prediction.peak_bytes + prediction.peak_units * alignment;
-  const std::int64_t p2p = buffers * aligned(std::max<std::int64_t>(boundary_bytes, 1));
-  const std::int64_t total = stash + p2p;
+  const std::int64_t p2p_bytes =
+      p2p != nullptr ? P2PBoundBytes(*p2p, std::max<std::int64_t>(boundary_bytes, 1), alignment)
+                     : buffers * aligned(std::max<std::int64_t>(boundary_bytes, 1));
+  const std::int64_t total = stash + p2p_bytes;
   return aligned(total + total / 4 + alignment + aligned(largest_entry_bytes));
 }
 

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "examples/gpt/train_options.h"
 #include "pipeoffload/cost_model.h"
+#include "pipeoffload/p2p_lifetimes.h"
 #include "pipeoffload/schedule.h"
 
 namespace pipeoffload::gpt {
@@ -64,15 +65,19 @@ inline constexpr double kTransferUnits = 0.25;
                                                     double memory_budget_share = 0.0);
 
 // The arena budget that surely holds `program`: its predicted stash peak with every entry
-// rounded to `alignment`, plus one aligned boundary buffer per op that can allocate one (F, B,
-// RECV_F, RECV_B), plus a quarter for fragmentation, plus one more `largest_entry_bytes`
+// rounded to `alignment`, plus room for its P2P buffers, plus a quarter for fragmentation, plus
+// one more `largest_entry_bytes`
 // (the stage's largest stash entry). Why the extra entry: the arena is first-fit, and on the
 // GPU offload releases and P2P buffers come and go in a timing-dependent order; with only the
 // quarter, stage 0 of a 2-stage po-f run once failed to place a stash entry with twice its
-// size free but no contiguous block (H200, batch 3). REQUIRES: alignment a power of two.
+// size free but no contiguous block (H200, batch 3). The P2P room: with `p2p` (this stage's
+// AnalyzeP2P lifetimes, which the executor holds to when given their guarantee points) their
+// peak in aligned boundary buffers; without, one per op that can allocate one (F, B, RECV_F,
+// RECV_B). REQUIRES: alignment a power of two.
 std::int64_t DefaultArenaBytes(const StageProgram& program, const StagePrediction& prediction,
                                std::int64_t boundary_bytes, std::int64_t alignment,
-                               std::int64_t largest_entry_bytes = 0);
+                               std::int64_t largest_entry_bytes = 0,
+                               const P2PLifetimes* p2p = nullptr);
 
 // FNV-1a of the schedule's canonical JSON: ranks compare it to prove they run one schedule.
 std::uint64_t ScheduleFingerprint(const Schedule& schedule);

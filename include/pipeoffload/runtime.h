@@ -47,6 +47,18 @@ struct ExecutorOptions {
   // peak equal to the prediction; slack lets copies lag further behind without a wait, at that
   // much more device memory.
   std::int64_t stash_physical_slack_bytes = 0;
+  // The stage's P2P plan: one entry per op of its program, for each SEND its guarantee point
+  // (the first op by which the peer has surely posted the matching receive; ops.size() = the
+  // end of the step), -1 for every other op. Computed for the whole schedule by AnalyzeP2P
+  // (pipeoffload/p2p_lifetimes.h: AnalyzeP2P(schedule)[stage].guarantee_point). Empty: no plan;
+  // a send's buffer is freed whenever the transport reports it finished, so P2P memory is
+  // bounded only by the program's P2P op count. With a plan, before op j the executor waits
+  // (watchdog-bounded, while serving its own posted receives) for every posted send whose
+  // guarantee point is <= j, so live P2P blocks never exceed the plan's peak (WalkP2P), and
+  // Create checks that the arena holds the aligned stash peak plus that many aligned boundary
+  // blocks (ResourceExhausted otherwise; InvalidArgument for a plan that does not fit the
+  // program).
+  std::vector<int> p2p_guarantee_points;
 };
 
 // One stage's measured iteration. Times are on the backend's clock (seconds).

@@ -35,6 +35,16 @@
 //    an asynchronous backend, and the next owner of such a block may be a receive, which a
 //    transport writes from another stream or thread. So on those backends a RECV first
 //    host-waits the compute queue too (cheap: a SEND just before has usually waited already).
+//  - P2P plan (ExecutorOptions::p2p_guarantee_points, from AnalyzeP2P): before op j, every
+//    posted send whose guarantee point is <= j is waited for and its block freed, so live P2P
+//    blocks follow WalkP2P's walk and never exceed its peak. Such a wait cannot deadlock: the
+//    peer posted the matching receive before anything that led here. But some transports move
+//    a message only while its RECEIVER tests or waits (the local transport with copiers), so
+//    with a plan every blocking wait of the executor (a send at its guarantee point, a receive
+//    in TakeInput) waits in short slices and tests all posted receives in between: a stage
+//    blocked here still lets its peers' sends finish. A BARRIER wait does not (it is one
+//    Transport call); AnalyzeP2P puts a send's guarantee point past the receiver's last
+//    BARRIER before the message's consumer for that reason.
 //  - End of Run: no receive, unsent output, send, stash entry or host slot may remain; after an
 //    error Reset frees everything the iteration held, so Run can be called again.
 #include <algorithm>
@@ -46,6 +56,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
+#include "pipeoffload/p2p_lifetimes.h"
 #include "lib/runtime/program_check.h"
 #include "lib/runtime/watchdog.h"
 #include "pipeoffload/runtime.h"
@@ -55,6 +66,10 @@ namespace {
 
 using internal::Placement;
 using Key = std::pair<int, int>;  // (mb, chunk)
+
+// With a P2P plan, blocking waits give up the thread for at most this long before testing the
+// stage's posted receives again (see the top comment).
+constexpr double kServeSliceSeconds = 0.0002;
 
 // The stash's options: reclaim waits bounded by the watchdog's timeout, and released blocks
 // held back only while the stash stays within its predicted peak (plus the slack asked for).
@@ -128,6 +143,14 @@ class StageExecutor final : public Executor {
   absl::StatusOr<void*> ReadyEntry(int index, const Op& op);
   absl::Status FinishReloadAfter(int index, const Op& op);
   absl::StatusOr<void*> AllocateP2P(int index, const Op& op);
+  // With a plan: waits for every posted send whose guarantee point is <= `index` and frees its
+  // block (before op `index` runs).
+  absl::Status WaitGuaranteedSends(int index, const Op& op);
+  // Waits for `request` (watchdog-bounded, errors as watchdog_.Check makes them). With a plan,
+  // in slices, testing the posted receives in between; without, one Wait.
+  absl::Status WaitFor(TransferRequest& request, const Op& waited_for, const Op& current,
+                       int index);
+  void PollReceives();
   absl::Status CallModel(int index, const absl::Status& result);
   void Poll();
   absl::Status Finish();
@@ -198,10 +221,10 @@ absl::StatusOr<void*> StageExecutor::TakeInput(int index, const Op& op, bool act
     Message& message = it->second;
     if (!message.finished) {
       const double start = Now();
-      const absl::Status waited = message.request->Wait(watchdog_.timeout_seconds());
-      stats_.wait_seconds += Now() - start;
       const Op& recv_op = program_.ops[static_cast<std::size_t>(message.op_index)];
-      PO_RETURN_IF_ERROR(watchdog_.Check(waited, recv_op, op, index));
+      const absl::Status waited = WaitFor(*message.request, recv_op, op, index);
+      stats_.wait_seconds += Now() - start;
+      PO_RETURN_IF_ERROR(waited);
       message.finished = true;
       stats_.ops[static_cast<std::size_t>(message.op_index)].end = Now();
     }
@@ -471,9 +494,50 @@ absl::Status StageExecutor::RunOp(int index, const Op& op) {
   return absl::InternalError(absl::StrCat(Where(index, op), ": unknown op kind"));
 }
 
-void StageExecutor::Poll() {
-  // Finished transfers get their end time now rather than when someone waits for them, and
-  // finished sends give their buffers back early. Errors surface at the wait.
+absl::Status StageExecutor::WaitFor(TransferRequest& request, const Op& waited_for,
+                                    const Op& current, int index) {
+  if (options_.p2p_guarantee_points.empty()) {
+    return watchdog_.Check(request.Wait(watchdog_.timeout_seconds()), waited_for, current, index);
+  }
+  const double deadline = Now() + watchdog_.timeout_seconds();
+  while (true) {
+    absl::StatusOr<bool> done = request.Test();
+    if (!done.ok()) return watchdog_.Check(done.status(), waited_for, current, index);
+    if (*done) return absl::OkStatus();
+    PollReceives();  // a peer blocked on a send to us may need our receive tested to finish
+    const double left = deadline - Now();
+    if (left <= 0) {
+      return watchdog_.Check(absl::DeadlineExceededError("not finished at the deadline"),
+                             waited_for, current, index);
+    }
+    const absl::Status waited = request.Wait(std::min(left, kServeSliceSeconds));
+    if (waited.ok()) return waited;
+    if (waited.code() != absl::StatusCode::kDeadlineExceeded) {
+      return watchdog_.Check(waited, waited_for, current, index);
+    }
+  }
+}
+
+absl::Status StageExecutor::WaitGuaranteedSends(int index, const Op& op) {
+  if (options_.p2p_guarantee_points.empty()) return absl::OkStatus();
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    const auto send_index = static_cast<std::size_t>(it->op_index);
+    if (options_.p2p_guarantee_points[send_index] > index) {
+      ++it;
+      continue;
+    }
+    const double start = Now();
+    const absl::Status waited = WaitFor(*it->request, program_.ops[send_index], op, index);
+    stats_.wait_seconds += Now() - start;
+    PO_RETURN_IF_ERROR(waited);
+    stats_.ops[send_index].end = Now();
+    arena_.Free(it->buffer).IgnoreError();
+    it = sends_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+void StageExecutor::PollReceives() {
   for (auto& [key, message] : receives_) {
     if (message.finished) continue;
     absl::StatusOr<bool> done = message.request->Test();
@@ -482,6 +546,12 @@ void StageExecutor::Poll() {
       stats_.ops[static_cast<std::size_t>(message.op_index)].end = Now();
     }
   }
+}
+
+void StageExecutor::Poll() {
+  // Finished transfers get their end time now rather than when someone waits for them, and
+  // finished sends give their buffers back early. Errors surface at the wait.
+  PollReceives();
   for (auto it = sends_.begin(); it != sends_.end();) {
     absl::StatusOr<bool> done = it->request->Test();
     if (done.ok() && *done) {
@@ -584,7 +654,8 @@ absl::StatusOr<IterationStats> StageExecutor::Run() {
   stats_.start_time = Now();
   SampleMemory();
   for (std::size_t i = 0; i < program_.ops.size(); ++i) {
-    absl::Status status = RunOp(static_cast<int>(i), program_.ops[i]);
+    absl::Status status = WaitGuaranteedSends(static_cast<int>(i), program_.ops[i]);
+    if (status.ok()) status = RunOp(static_cast<int>(i), program_.ops[i]);
     if (!status.ok()) {
       Reset();
       return status;
@@ -646,6 +717,25 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
         OpToString(peak_op), "), but the device arena has ", free_bytes, " bytes free (budget ",
         arena.budget_bytes(), ", ", arena.reserved_bytes(),
         " held by other users); raise the budget or offload more"));
+  }
+  if (!options.p2p_guarantee_points.empty()) {
+    // The plan's P2P peak on top of the stash peak, both aligned as the arena aligns them.
+    absl::StatusOr<P2PLifetimes> p2p =
+        WalkP2P(spec, program, options.p2p_guarantee_points);
+    if (!p2p.ok()) return Annotate(p2p.status(), "executor");
+    const std::int64_t p2p_bytes = P2PBoundBytes(*p2p, model.BoundaryBytes(), arena.alignment());
+    if (needs.stash_peak_aligned_bytes + p2p_bytes > free_bytes) {
+      // peak_op >= 0 here: with no P2P block the stash check above already decided.
+      const Op& peak_op = program.ops[static_cast<std::size_t>(std::max(p2p->peak_op, 0))];
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "executor: stage ", program.stage, ": the program's activation stash peak (",
+          needs.stash_peak_aligned_bytes, " bytes aligned) plus its P2P plan's peak of ",
+          p2p->peak_blocks, " boundary blocks (", p2p_bytes, " bytes aligned, at op ",
+          p2p->peak_op, " ", OpToString(peak_op), ") need ",
+          needs.stash_peak_aligned_bytes + p2p_bytes, " bytes, but the device arena has ",
+          free_bytes, " bytes free (budget ", arena.budget_bytes(), ", ", arena.reserved_bytes(),
+          " held by other users)"));
+    }
   }
   PO_ASSIGN_OR_RETURN(std::unique_ptr<HostPool> host_pool,
                       HostPool::Create(backend, needs.host_slots));

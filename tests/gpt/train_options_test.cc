@@ -238,6 +238,7 @@ TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "
        "--weight-decay is not supported with --optimizer-offload"},
       {{"--backend", "cuda", "--saved", "half"}, "--saved expects full or lean, got 'half'"},
       {{"--saved", "lean"}, "--saved lean needs --backend cuda"},
+      {{"--p2p-reserve", "all"}, "--p2p-reserve expects plan or worst, got 'all'"},
   };
   for (const Case& c : cases) {
     const absl::StatusOr<TrainOptions> parsed = Parse(c.args);

@@ -267,10 +267,11 @@ TEST_CASE("a budget below the plan's stash peak stops every rank before the firs
 
 TEST_CASE("a step that fails on one rank stops every rank within the watchdog",
           "[train][pipeline]") {
-  // Stage 0's budget is exactly its stash peak with the arena's alignment, which passes the
-  // executor's up-front check, but F allocates its output's P2P buffer before its stash entry,
-  // so the F that reaches the peak fails in the arena; the others then wait for stage 0's
-  // messages until the watchdog fires.
+  // Stage 0's budget is exactly its stash peak with the arena's alignment. Without the P2P plan
+  // (--p2p-reserve worst) that passes the executor's up-front check, but F allocates its
+  // output's P2P buffer before its stash entry, so the F that reaches the peak fails in the
+  // arena; the others then wait for stage 0's messages until the watchdog fires. With the plan
+  // (the default) the same budget is refused before the first step, naming the P2P peak.
   const TrainOptions plain = Options({});
   const TrainResult ok = Agreed(RunLocal(plain, 4));
   absl::StatusOr<std::unique_ptr<GptStageModel>> model =
@@ -285,8 +286,9 @@ TEST_CASE("a step that fails on one rank stops every rank within the watchdog",
     if (op.kind == OpKind::kBackward || op.kind == OpKind::kRelease) stash -= entry;
     budget = std::max(budget, stash);
   }
-  const LocalRun run =
-      RunLocal(Options({"--arena-bytes", std::to_string(budget), "--watchdog", "1"}), 4);
+  const LocalRun run = RunLocal(Options({"--arena-bytes", std::to_string(budget), "--watchdog",
+                                          "1", "--p2p-reserve", "worst"}),
+                                 4);
   CHECK(run.seconds < 15.0);
   for (const auto& rank : run.ranks) {
     REQUIRE_FALSE(rank.ok());
@@ -297,6 +299,15 @@ TEST_CASE("a step that fails on one rank stops every rank within the watchdog",
     CHECK(message.find("device arena: cannot allocate") != std::string::npos);
     CHECK(message.find("waited 1.0 s for") != std::string::npos);  // the watchdog's words
   }
+  const LocalRun planned =
+      RunLocal(Options({"--arena-bytes", std::to_string(budget), "--watchdog", "1"}), 4);
+  REQUIRE_FALSE(planned.ranks[0].ok());
+  const std::string refused(planned.ranks[0].status().message());
+  CAPTURE(refused);
+  CHECK(refused.find("setup (schedule) failed on") == 0);
+  CHECK(refused.find("rank 0: the arena budget of " + std::to_string(budget) +
+                     " bytes (--arena-bytes) is too small for the plan") != std::string::npos);
+  CHECK(refused.find("plus its P2P plan's peak of") != std::string::npos);
 }
 
 TEST_CASE("--trace writes every stage's measured last step in the simulator's layout",

@@ -217,6 +217,25 @@ TEST_CASE("the default arena budget holds the aligned stash peak and every P2P b
   }
 }
 
+TEST_CASE("with the P2P plan the default arena reserves the lifetimes' peak, not every buffer",
+          "[train][plan]") {
+  const Schedule schedule = CompiledSchedule(4, 8, 2);
+  absl::StatusOr<std::vector<P2PLifetimes>> p2p = AnalyzeP2P(schedule);
+  REQUIRE(p2p.ok());
+  for (int d = 0; d < 4; ++d) {
+    CAPTURE(d);
+    const StageProgram& program = schedule.stages[d];
+    const StagePrediction& prediction = schedule.predictions->stages[d];
+    const P2PLifetimes& lifetimes = (*p2p)[static_cast<std::size_t>(d)];
+    const std::int64_t stash = prediction.peak_bytes + prediction.peak_units * 256;
+    const std::int64_t room = stash + lifetimes.peak_blocks * 1024;
+    const std::int64_t planned = DefaultArenaBytes(program, prediction, 1000, 256, 0, &lifetimes);
+    // total + a quarter + one alignment, aligned up (no largest entry here).
+    CHECK(planned == (room + room / 4 + 256 + 255) / 256 * 256);
+    CHECK(planned < DefaultArenaBytes(program, prediction, 1000, 256));
+  }
+}
+
 TEST_CASE("schedule fingerprints tell schedules apart", "[train][plan]") {
   const Schedule a = CompiledSchedule(4, 8, 2);
   Schedule b = a;

@@ -87,13 +87,17 @@ set(aligned_peak ${CMAKE_MATCH_1})
 train_expect_failure("a bad flag" "--schedule expects 1f1b, interleaved"
                      ${TINY_MODEL} --schedule zero-bubble)
 
-# Stage 0's budget: exactly its aligned stash peak. The executor's setup check passes, but F
-# allocates its output's P2P buffer before its stash entry, so the F that reaches the peak
-# fails in stage 0's first step, and the other ranks wait until the watchdog (2 s) fires.
+# Stage 0's budget: exactly its aligned stash peak. With the P2P plan (the default) every rank
+# refuses it before the first step, naming the P2P peak it leaves no room for.
 set(budget ${aligned_peak})
+train_expect_failure("a budget without room for the P2P plan" "plus its P2P plan's peak of"
+                     ${TINY_MODEL} --arena-bytes ${budget} --watchdog 2)
+# Without the plan (--p2p-reserve worst) the executor's setup check passes, but F allocates its
+# output's P2P buffer before its stash entry, so the F that reaches the peak fails in stage 0's
+# first step, and the other ranks wait until the watchdog (2 s) fires.
 string(TIMESTAMP start "%s")
 train_expect_failure("a budget that fails in the first step" "step 0 failed on"
-                     ${TINY_MODEL} --arena-bytes ${budget} --watchdog 2)
+                     ${TINY_MODEL} --arena-bytes ${budget} --watchdog 2 --p2p-reserve worst)
 string(TIMESTAMP end "%s")
 math(EXPR seconds "${end} - ${start}")
 if(seconds GREATER 60)
