@@ -86,15 +86,21 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
-TEST_CASE("compiled schedules run bitwise equal to the reference with exact stash peaks",
-          "[runtime][compiled]") {
+// The toy harness with every copy starting 0.5-1 ms late, so a deferred RELEASE really leaves
+// blocks behind it and sends really lag.
+HarnessOptions DelayedCopies() {
   HarnessOptions options;
   options.width = kWidth;
   options.extra_words = kExtraWords;
-  // Every copy starts 0.5-1 ms late, so a deferred RELEASE really leaves blocks behind it.
   options.backend.min_copy_delay_seconds = 0.0005;
   options.backend.max_copy_delay_seconds = 0.001;
   options.executor.wait_timeout_seconds = 30.0;
+  return options;
+}
+
+TEST_CASE("compiled schedules run bitwise equal to the reference with exact stash peaks",
+          "[runtime][compiled]") {
+  HarnessOptions options = DelayedCopies();
   bool physical_above_logical = false;  // somewhere a released block outlived its RELEASE
   for (const Case& c : AllCases()) {
     INFO(Name(c));
@@ -296,12 +302,7 @@ int WorstCaseBlocks(const StageProgram& program) {  // bench ArenaBudget's P2P r
 
 TEST_CASE("with its P2P plan every compiled case runs in stash peak + P2P bound, exactly",
           "[runtime][compiled][p2p]") {
-  HarnessOptions options;
-  options.width = kWidth;
-  options.extra_words = kExtraWords;
-  options.backend.min_copy_delay_seconds = 0.0005;
-  options.backend.max_copy_delay_seconds = 0.001;
-  options.executor.wait_timeout_seconds = 30.0;
+  HarnessOptions options = DelayedCopies();
   options.iterations = 2;  // the second iteration reuses every block
   int reached = 0;         // stage iterations whose measured P2P peak equals the bound
   int bound_blocks = 0, worst_blocks = 0;
