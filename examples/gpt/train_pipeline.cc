@@ -170,10 +170,15 @@ absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::in
       stage.schedule.predictions->stages[static_cast<std::size_t>(rank)];
   // P2P buffer lifetimes over all stages: the arena reserves their peak and the executor holds
   // to it (it waits for a send once its receiver is known to have posted the receive).
-  // --p2p-reserve worst: neither (room for every P2P buffer of the step, no waits).
+  // --p2p-reserve worst: neither (room for every P2P buffer of the step, no waits). That is also
+  // the default over NCCL: a rank's NCCL transfers run in posting order on one stream, so a
+  // receive the peer has posted may still wait behind its other transfers, and the plan's
+  // host waits for sends are not proven deadlock-free there yet.
+  const bool use_plan =
+      options.p2p_reserve_given ? !options.p2p_reserve_worst : transport.Name() != "nccl";
   const P2PLifetimes* stage_p2p = nullptr;
   std::vector<P2PLifetimes> p2p;
-  if (!options.p2p_reserve_worst) {
+  if (use_plan) {
     absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(stage.schedule);
     if (!analyzed.ok()) return Annotate(analyzed.status(), "the schedule's P2P buffer lifetimes");
     p2p = *std::move(analyzed);

@@ -43,8 +43,10 @@ class TransferRequest {
   // the message. Errors: the transport's, e.g. a size mismatch (InvalidArgument) or a lost peer
   // (Unavailable); a request that failed keeps returning its error.
   [[nodiscard]] virtual absl::StatusOr<bool> Test() = 0;
-  // Blocks until Test() would return true. Errors: DeadlineExceeded after `timeout_seconds`
-  // (the request stays posted and may be waited on again), or Test()'s errors.
+  // Blocks until Test() would return true. Errors: DeadlineExceeded after `timeout_seconds`,
+  // or Test()'s errors. After a DeadlineExceeded the local and MPI requests stay posted and may
+  // be waited on again, but the NCCL transport aborts its communicator (NCCL cannot cancel a
+  // transfer): a caller that polls must use Test, and treat a timed-out Wait as final.
   [[nodiscard]] virtual absl::Status Wait(double timeout_seconds) = 0;
 };
 

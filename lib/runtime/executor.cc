@@ -41,15 +41,18 @@
 //    peer posted the matching receive before anything that led here. But some transports move
 //    a message only while its RECEIVER tests or waits (the local transport with copiers), so
 //    with a plan every blocking wait of the executor (a send at its guarantee point, a receive
-//    in TakeInput) waits in short slices and tests all posted receives in between: a stage
-//    blocked here still lets its peers' sends finish. A BARRIER wait does not (it is one
-//    Transport call); AnalyzeP2P puts a send's guarantee point past the receiver's last
-//    BARRIER before the message's consumer for that reason.
+//    in TakeInput) tests the awaited transfer and all posted receives in turn, sleeping briefly
+//    between rounds (never a short Transport Wait: on NCCL a timed-out Wait aborts the
+//    communicator): a stage blocked here still lets its peers' sends finish. A BARRIER wait
+//    does not (it is one Transport call); AnalyzeP2P puts a send's guarantee point past the
+//    receiver's last BARRIER before the message's consumer for that reason.
 //  - End of Run: no receive, unsent output, send, stash entry or host slot may remain; after an
 //    error Reset frees everything the iteration held, so Run can be called again.
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -67,9 +70,9 @@ namespace {
 using internal::Placement;
 using Key = std::pair<int, int>;  // (mb, chunk)
 
-// With a P2P plan, blocking waits give up the thread for at most this long before testing the
-// stage's posted receives again (see the top comment).
-constexpr double kServeSliceSeconds = 0.0002;
+// With a P2P plan, blocking waits sleep this long between tests of the awaited transfer and of
+// the stage's posted receives (see the top comment).
+constexpr double kServeSliceSeconds = 0.00005;
 
 // The stash's options: reclaim waits bounded by the watchdog's timeout, and released blocks
 // held back only while the stash stays within its predicted peak (plus the slack asked for).
@@ -499,22 +502,21 @@ absl::Status StageExecutor::WaitFor(TransferRequest& request, const Op& waited_f
   if (options_.p2p_guarantee_points.empty()) {
     return watchdog_.Check(request.Wait(watchdog_.timeout_seconds()), waited_for, current, index);
   }
+  // Test and sleep, never a short Wait: a Wait that times out may be final (the NCCL transport
+  // aborts its communicator then, since NCCL cannot cancel a transfer).
   const double deadline = Now() + watchdog_.timeout_seconds();
   while (true) {
     absl::StatusOr<bool> done = request.Test();
     if (!done.ok()) return watchdog_.Check(done.status(), waited_for, current, index);
     if (*done) return absl::OkStatus();
     PollReceives();  // a peer blocked on a send to us may need our receive tested to finish
-    const double left = deadline - Now();
-    if (left <= 0) {
-      return watchdog_.Check(absl::DeadlineExceededError("not finished at the deadline"),
-                             waited_for, current, index);
+    if (Now() >= deadline) {
+      return watchdog_.Check(
+          absl::DeadlineExceededError(absl::StrCat("not finished within ",
+                                                   watchdog_.timeout_seconds(), " s")),
+          waited_for, current, index);
     }
-    const absl::Status waited = request.Wait(std::min(left, kServeSliceSeconds));
-    if (waited.ok()) return waited;
-    if (waited.code() != absl::StatusCode::kDeadlineExceeded) {
-      return watchdog_.Check(waited, waited_for, current, index);
-    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(kServeSliceSeconds));
   }
 }
 
