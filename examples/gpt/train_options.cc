@@ -341,16 +341,14 @@ const std::vector<FlagDef>& Flags() {
          return absl::OkStatus();
        }},
       {"p2p-reserve", "MODE",
-       "plan | worst. plan: the P2P buffers' lifetimes across the stages bound each arena's "
-       "room for them, and the runtime holds to it (it waits for a send once its receiver is "
-       "known to have posted the receive). worst: no such waits, and room for every P2P "
-       "buffer of the step. Default: plan, except over NCCL (--backend cuda --transport mpi), "
-       "where NCCL runs a rank's transfers in posting order on one stream and the plan's "
-       "waits are not yet proven safe: worst there.",
+       "plan | worst. plan (default): the P2P buffers' lifetimes across the stages bound each "
+       "arena's room for them, and the runtime holds to it: it waits for a send once its "
+       "receiver is known to have posted the receive (over NCCL, which runs a rank's "
+       "transfers in posting order, once the message is known to be consumed). worst: no "
+       "such waits, and room for every P2P buffer of the step.",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          if (v != "plan" && v != "worst") return BadValue("p2p-reserve", "plan or worst", v);
          o.p2p_reserve_worst = v == "worst";
-         o.p2p_reserve_given = true;
          return absl::OkStatus();
        }},
       {"watchdog", "SECONDS",

@@ -62,7 +62,6 @@ struct TrainOptions {
   double watchdog_seconds = 60.0;  // bound on every wait (runtime, side channel)
   bool poison = false;             // fill released arena memory with NaN (catches misuse)
   bool p2p_reserve_worst = false;  // --p2p-reserve worst: no P2P plan, room for every buffer
-  bool p2p_reserve_given = false;  // --p2p-reserve was given (else: plan, but worst on NCCL)
   std::string trace_path;          // measured Perfetto trace of the last step
 
   // The device (--backend) and, with cuda, the optimizer state's home.

@@ -170,16 +170,16 @@ absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::in
       stage.schedule.predictions->stages[static_cast<std::size_t>(rank)];
   // P2P buffer lifetimes over all stages: the arena reserves their peak and the executor holds
   // to it (it waits for a send once its receiver is known to have posted the receive).
-  // --p2p-reserve worst: neither (room for every P2P buffer of the step, no waits). That is also
-  // the default over NCCL: a rank's NCCL transfers run in posting order on one stream, so a
-  // receive the peer has posted may still wait behind its other transfers, and the plan's
-  // host waits for sends are not proven deadlock-free there yet.
-  const bool use_plan =
-      options.p2p_reserve_given ? !options.p2p_reserve_worst : transport.Name() != "nccl";
+  // --p2p-reserve worst: neither (room for every P2P buffer of the step, no waits). Over NCCL a
+  // rank's transfers run in posting order on one stream, so a receive the peer has posted may
+  // still wait behind its other transfers: there a send is waited for only once its message is
+  // known to be consumed.
+  const P2PGuarantee guarantee = transport.Name() == "nccl" ? P2PGuarantee::kMessageConsumed
+                                                            : P2PGuarantee::kReceivePosted;
   const P2PLifetimes* stage_p2p = nullptr;
   std::vector<P2PLifetimes> p2p;
-  if (use_plan) {
-    absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(stage.schedule);
+  if (!options.p2p_reserve_worst) {
+    absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(stage.schedule, guarantee);
     if (!analyzed.ok()) return Annotate(analyzed.status(), "the schedule's P2P buffer lifetimes");
     p2p = *std::move(analyzed);
     stage_p2p = &p2p[static_cast<std::size_t>(rank)];

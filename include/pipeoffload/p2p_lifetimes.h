@@ -13,6 +13,8 @@
 // that led to d's op j. (For a BARRIER j, the clock before it: its partner's side is known
 // only once the barrier returns, and the executor waits before j.) From op g(S) on, waiting
 // for S cannot deadlock: both sides are posted.
+// (P2PGuarantee::kMessageConsumed: op r is replaced by the F/B that consumes the message, a
+// guarantee that holds whatever order a transport runs its transfers in.)
 // None: the end of the step (programs[d].ops.size()). One refinement: when q runs a BARRIER
 // between r and the F/B that consumes the message, the clock must have seen q's last such
 // BARRIER instead of r. A stage blocked inside Transport::Barrier serves none of its receives,
@@ -51,12 +53,25 @@ struct P2PLifetimes {
   std::vector<int> guarantee_point;
 };
 
+// When a send may be waited for without risk of deadlock.
+enum class P2PGuarantee : std::uint8_t {
+  // Once its receiver is known to have POSTED the matching receive. Sound where posted requests
+  // progress independently of the rank's other transfers (the local and MPI transports).
+  kReceivePosted,
+  // Once its receiver is known to have CONSUMED the message (the F/B that took it ran), so the
+  // transfer is complete on both sides whatever the transport does; later, so the bound is
+  // looser. Sound over NCCL too, which runs a rank's transfers in posting order on one stream
+  // (a posted receive may still wait behind the receiver's own sends there).
+  kMessageConsumed,
+};
+
 // Analyzes every stage of `schedule`; result[d] is stage d's. Errors (FailedPrecondition, naming
 // the stage, op index and op): a malformed schedule (sizes, peers, a duplicate or unmatched
 // SEND/RECV/BARRIER, a received message that no later F/B consumes, an F/B without its input, a
 // SEND without its output); and messages that cannot be ordered (a cycle of waits: the schedule
 // would deadlock), naming the blocked op of each stage and what it waits for.
-[[nodiscard]] absl::StatusOr<std::vector<P2PLifetimes>> AnalyzeP2P(const Schedule& schedule);
+[[nodiscard]] absl::StatusOr<std::vector<P2PLifetimes>> AnalyzeP2P(
+    const Schedule& schedule, P2PGuarantee guarantee = P2PGuarantee::kReceivePosted);
 
 // The walk alone, for one stage given its SENDs' guarantee points (P2PLifetimes::
 // guarantee_point, e.g. from AnalyzeP2P): what an executor holding that plan needs, computed

@@ -149,9 +149,10 @@ namespace {
 
 class Analyzer {
  public:
-  Analyzer(const Schedule& schedule, const ScheduleIndex& index)
+  Analyzer(const Schedule& schedule, const ScheduleIndex& index, P2PGuarantee guarantee)
       : schedule_(schedule),
         index_(index),
+        guarantee_(guarantee),
         p_(schedule.spec.num_stages),
         num_virtual_(schedule.spec.num_virtual_stages()) {}
 
@@ -321,11 +322,13 @@ class Analyzer {
   // blocked inside Transport::Barrier serves none of its posted receives, and some transports
   // move a message only while its receiver tests or waits (the local transport with copiers);
   // past its last such BARRIER, q only runs, or waits while serving its receives (executor.cc).
+  // With kMessageConsumed: the consuming F/B itself (the message has arrived by its end).
   int WaitTarget(int q, int r) const {
     const Op& recv = Ops(q)[static_cast<std::size_t>(r)];
     const int consumer =
         index_.Position(q, recv.kind == OpKind::kRecvGrad ? OpKind::kBackward : OpKind::kForward,
                         recv.mb, recv.chunk);  // > r: FindMessages checked it
+    if (guarantee_ == P2PGuarantee::kMessageConsumed) return consumer;
     for (int k = consumer - 1; k > r; --k) {
       if (Ops(q)[static_cast<std::size_t>(k)].kind == OpKind::kBarrier) return k;
     }
@@ -346,6 +349,7 @@ class Analyzer {
 
   const Schedule& schedule_;
   const ScheduleIndex& index_;
+  const P2PGuarantee guarantee_;
   const int p_;
   const int num_virtual_;
   // [stage][op]: (stage, op index) of the SEND whose message the op consumes, or (-1, -1).
@@ -355,7 +359,8 @@ class Analyzer {
 
 }  // namespace
 
-absl::StatusOr<std::vector<P2PLifetimes>> AnalyzeP2P(const Schedule& schedule) {
+absl::StatusOr<std::vector<P2PLifetimes>> AnalyzeP2P(const Schedule& schedule,
+                                                      P2PGuarantee guarantee) {
   std::optional<internal::GridViolation> found = internal::CheckShape(schedule);
   if (!found) found = internal::CheckPeers(schedule);
   if (found) {
@@ -367,7 +372,7 @@ absl::StatusOr<std::vector<P2PLifetimes>> AnalyzeP2P(const Schedule& schedule) {
       return Malformed(internal::FormatViolation(schedule.stages, *duplicate));
     }
   }
-  return Analyzer(schedule, index).Run();
+  return Analyzer(schedule, index, guarantee).Run();
 }
 
 std::int64_t P2PBoundBytes(const P2PLifetimes& lifetimes, std::int64_t boundary_bytes,

@@ -302,6 +302,11 @@ int WorstCaseBlocks(const StageProgram& program) {  // bench ArenaBudget's P2P r
 
 TEST_CASE("with its P2P plan every compiled case runs in stash peak + P2P bound, exactly",
           "[runtime][compiled][p2p]") {
+  // Both guarantees: the receive posted (local / MPI), and the message consumed (any transport,
+  // NCCL's in-order stream included), whose bound is never below the other's.
+  const P2PGuarantee guarantee =
+      GENERATE(P2PGuarantee::kReceivePosted, P2PGuarantee::kMessageConsumed);
+  CAPTURE(static_cast<int>(guarantee));
   HarnessOptions options = DelayedCopies();
   options.iterations = 2;  // the second iteration reuses every block
   int reached = 0;         // stage iterations whose measured P2P peak equals the bound
@@ -310,9 +315,19 @@ TEST_CASE("with its P2P plan every compiled case runs in stash peak + P2P bound,
     INFO(Name(c));
     absl::StatusOr<Schedule> schedule = CompileCase(c);
     REQUIRE(schedule.ok());
-    absl::StatusOr<std::vector<P2PLifetimes>> plan = AnalyzeP2P(*schedule);
+    absl::StatusOr<std::vector<P2PLifetimes>> plan = AnalyzeP2P(*schedule, guarantee);
     INFO(plan.status().ToString());
     REQUIRE(plan.ok());
+    if (guarantee == P2PGuarantee::kMessageConsumed) {
+      absl::StatusOr<std::vector<P2PLifetimes>> posted = AnalyzeP2P(*schedule);
+      REQUIRE(posted.ok());
+      for (std::size_t d = 0; d < plan->size(); ++d) {
+        CHECK((*plan)[d].peak_blocks >= (*posted)[d].peak_blocks);
+        for (std::size_t j = 0; j < (*plan)[d].guarantee_point.size(); ++j) {
+          CHECK((*plan)[d].guarantee_point[j] >= (*posted)[d].guarantee_point[j]);
+        }
+      }
+    }
     const std::vector<StageOutcome> outcomes =
         RunPlanned(*schedule, *plan, TightBudgets(*schedule, *plan), options);
     std::string all;  // every stage's status, for a failure's message
