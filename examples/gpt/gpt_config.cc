@@ -81,48 +81,69 @@ int HeadWeightId(const GptConfig& config) {
   return config.tied_embeddings ? -1 : LnfWeightId(config) + 2;
 }
 
+namespace {
+
+// GPT-2 init (Radford et al. 2019, section 2.3): N(0, 0.02) for weights, 0.01 for positions,
+// and residual projections scaled by 1/sqrt(2 * n_layer) (two residual adds per block).
+constexpr float kInitStd = 0.02f;
+
+TensorSpec MakeSpec(TensorKind kind, int layer, std::int64_t rows, std::int64_t cols, float std,
+                    float value, std::string name) {
+  TensorSpec spec;
+  spec.kind = kind;
+  spec.layer = layer;
+  spec.rows = rows;
+  spec.cols = cols;
+  spec.init_std = std;
+  spec.init_value = value;
+  spec.weight_decay = cols > 1;
+  spec.name = std::move(name);
+  return spec;
+}
+
+}  // namespace
+
+std::vector<TensorSpec> LayerTensorSpecs(std::int64_t C, int layer, int total_layers) {
+  const std::int64_t c = C;
+  const float residual_std = kInitStd / std::sqrt(2.0f * static_cast<float>(total_layers));
+  const std::string p = absl::StrCat("h.", layer, ".");
+  std::vector<TensorSpec> specs;
+  auto add = [&](TensorKind kind, std::int64_t rows, std::int64_t cols, float std, float value,
+                 const char* name) {
+    specs.push_back(MakeSpec(kind, layer, rows, cols, std, value, p + name));
+  };
+  add(TensorKind::kLn1Weight, c, 1, 0.0f, 1.0f, "ln1.w");
+  add(TensorKind::kLn1Bias, c, 1, 0.0f, 0.0f, "ln1.b");
+  add(TensorKind::kQkvWeight, 3 * c, c, kInitStd, 0.0f, "qkv.w");
+  add(TensorKind::kQkvBias, 3 * c, 1, 0.0f, 0.0f, "qkv.b");
+  add(TensorKind::kAttnProjWeight, c, c, residual_std, 0.0f, "attn_proj.w");
+  add(TensorKind::kAttnProjBias, c, 1, 0.0f, 0.0f, "attn_proj.b");
+  add(TensorKind::kLn2Weight, c, 1, 0.0f, 1.0f, "ln2.w");
+  add(TensorKind::kLn2Bias, c, 1, 0.0f, 0.0f, "ln2.b");
+  add(TensorKind::kFcWeight, 4 * c, c, kInitStd, 0.0f, "fc.w");
+  add(TensorKind::kFcBias, 4 * c, 1, 0.0f, 0.0f, "fc.b");
+  add(TensorKind::kFcProjWeight, c, 4 * c, residual_std, 0.0f, "fc_proj.w");
+  add(TensorKind::kFcProjBias, c, 1, 0.0f, 0.0f, "fc_proj.b");
+  return specs;
+}
+
 std::vector<TensorSpec> GptTensorSpecs(const GptConfig& config) {
   const std::int64_t c = config.n_embd;
   const std::int64_t v = config.vocab_size;
-  // GPT-2 init (Radford et al. 2019, section 2.3): N(0, 0.02) for weights, 0.01 for positions,
-  // and residual projections scaled by 1/sqrt(2 * n_layer) (two residual adds per block).
-  constexpr float kStd = 0.02f;
-  const float residual_std = kStd / std::sqrt(2.0f * static_cast<float>(config.n_layer));
-
   std::vector<TensorSpec> specs;
-  auto add = [&](TensorKind kind, int layer, std::int64_t rows, std::int64_t cols, float std,
-                 float value, std::string name) {
-    TensorSpec spec;
-    spec.kind = kind;
-    spec.layer = layer;
-    spec.rows = rows;
-    spec.cols = cols;
-    spec.init_std = std;
-    spec.init_value = value;
-    spec.weight_decay = cols > 1;
-    spec.name = std::move(name);
-    specs.push_back(std::move(spec));
-  };
-  add(TensorKind::kTokenEmbedding, -1, v, c, kStd, 0.0f, "wte");
-  add(TensorKind::kPositionEmbedding, -1, config.seq_len, c, 0.01f, 0.0f, "wpe");
+  specs.push_back(MakeSpec(TensorKind::kTokenEmbedding, -1, v, c, kInitStd, 0.0f, "wte"));
+  specs.push_back(
+      MakeSpec(TensorKind::kPositionEmbedding, -1, config.seq_len, c, 0.01f, 0.0f, "wpe"));
   for (int l = 0; l < config.n_layer; ++l) {
-    const std::string p = absl::StrCat("h.", l, ".");
-    add(TensorKind::kLn1Weight, l, c, 1, 0.0f, 1.0f, p + "ln1.w");
-    add(TensorKind::kLn1Bias, l, c, 1, 0.0f, 0.0f, p + "ln1.b");
-    add(TensorKind::kQkvWeight, l, 3 * c, c, kStd, 0.0f, p + "qkv.w");
-    add(TensorKind::kQkvBias, l, 3 * c, 1, 0.0f, 0.0f, p + "qkv.b");
-    add(TensorKind::kAttnProjWeight, l, c, c, residual_std, 0.0f, p + "attn_proj.w");
-    add(TensorKind::kAttnProjBias, l, c, 1, 0.0f, 0.0f, p + "attn_proj.b");
-    add(TensorKind::kLn2Weight, l, c, 1, 0.0f, 1.0f, p + "ln2.w");
-    add(TensorKind::kLn2Bias, l, c, 1, 0.0f, 0.0f, p + "ln2.b");
-    add(TensorKind::kFcWeight, l, 4 * c, c, kStd, 0.0f, p + "fc.w");
-    add(TensorKind::kFcBias, l, 4 * c, 1, 0.0f, 0.0f, p + "fc.b");
-    add(TensorKind::kFcProjWeight, l, c, 4 * c, residual_std, 0.0f, p + "fc_proj.w");
-    add(TensorKind::kFcProjBias, l, c, 1, 0.0f, 0.0f, p + "fc_proj.b");
+    for (TensorSpec& spec : LayerTensorSpecs(c, l, config.n_layer)) {
+      specs.push_back(std::move(spec));
+    }
   }
-  add(TensorKind::kLnfWeight, -1, c, 1, 0.0f, 1.0f, "lnf.w");
-  add(TensorKind::kLnfBias, -1, c, 1, 0.0f, 0.0f, "lnf.b");
-  if (!config.tied_embeddings) add(TensorKind::kHeadWeight, -1, v, c, kStd, 0.0f, "head.w");
+  specs.push_back(MakeSpec(TensorKind::kLnfWeight, -1, c, 1, 0.0f, 1.0f, "lnf.w"));
+  specs.push_back(MakeSpec(TensorKind::kLnfBias, -1, c, 1, 0.0f, 0.0f, "lnf.b"));
+  if (!config.tied_embeddings) {
+    specs.push_back(MakeSpec(TensorKind::kHeadWeight, -1, v, c, kInitStd, 0.0f, "head.w"));
+  }
   return specs;
 }
 

@@ -82,6 +82,12 @@ struct TensorSpec {
 // Every parameter tensor, in canonical order. REQUIRES: ValidateGptConfig(config).ok().
 std::vector<TensorSpec> GptTensorSpecs(const GptConfig& config);
 
+// The 12 specs of layer `layer` of width C in canonical order (kLn1Weight .. kFcProjBias), with
+// GPT-2's init (N(0, 0.02) matrices, the two residual projections scaled by
+// 1/sqrt(2 total_layers)): GptTensorSpecs' layers, and what models not built from a GptConfig
+// (the CUDA layer stack) use.
+std::vector<TensorSpec> LayerTensorSpecs(std::int64_t C, int layer, int total_layers);
+
 // Global id of layer `layer`'s tensor `kind` (kLn1Weight .. kFcProjBias).
 int LayerTensorId(int layer, TensorKind kind);
 // Global ids of the non-layer tensors.

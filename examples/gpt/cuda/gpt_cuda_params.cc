@@ -1,7 +1,6 @@
 // Device parameters of a CUDA chunk (see gpt_cuda_params.h).
 #include "examples/gpt/cuda/gpt_cuda_params.h"
 
-#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -30,39 +29,6 @@ absl::Status CopyToHost(void* dst, const void* src, std::int64_t bytes, cudaStre
 }
 
 }  // namespace
-
-std::vector<TensorSpec> LayerTensorSpecs(int C, int layer, int total_layers) {
-  const std::int64_t c = C;
-  constexpr float kStd = 0.02f;
-  const float residual_std = kStd / std::sqrt(2.0f * static_cast<float>(total_layers));
-  std::vector<TensorSpec> specs;
-  auto add = [&](TensorKind kind, std::int64_t rows, std::int64_t cols, float std, float value,
-                 const char* name) {
-    TensorSpec spec;
-    spec.kind = kind;
-    spec.layer = layer;
-    spec.rows = rows;
-    spec.cols = cols;
-    spec.init_std = std;
-    spec.init_value = value;
-    spec.weight_decay = cols > 1;
-    spec.name = absl::StrCat("h.", layer, ".", name);
-    specs.push_back(std::move(spec));
-  };
-  add(TensorKind::kLn1Weight, c, 1, 0.0f, 1.0f, "ln1.w");
-  add(TensorKind::kLn1Bias, c, 1, 0.0f, 0.0f, "ln1.b");
-  add(TensorKind::kQkvWeight, 3 * c, c, kStd, 0.0f, "qkv.w");
-  add(TensorKind::kQkvBias, 3 * c, 1, 0.0f, 0.0f, "qkv.b");
-  add(TensorKind::kAttnProjWeight, c, c, residual_std, 0.0f, "attn_proj.w");
-  add(TensorKind::kAttnProjBias, c, 1, 0.0f, 0.0f, "attn_proj.b");
-  add(TensorKind::kLn2Weight, c, 1, 0.0f, 1.0f, "ln2.w");
-  add(TensorKind::kLn2Bias, c, 1, 0.0f, 0.0f, "ln2.b");
-  add(TensorKind::kFcWeight, 4 * c, c, kStd, 0.0f, "fc.w");
-  add(TensorKind::kFcBias, 4 * c, 1, 0.0f, 0.0f, "fc.b");
-  add(TensorKind::kFcProjWeight, c, 4 * c, residual_std, 0.0f, "fc_proj.w");
-  add(TensorKind::kFcProjBias, c, 1, 0.0f, 0.0f, "fc_proj.b");
-  return specs;
-}
 
 std::vector<DeviceTensor> LayOutTensors(const std::vector<std::pair<int, TensorSpec>>& specs) {
   std::vector<DeviceTensor> tensors;

@@ -35,11 +35,6 @@ struct DeviceTensor {
   std::int64_t offset = 0;  // elements into every array; a multiple of 128
 };
 
-// The 12 specs of one layer of width C in canonical order (kLn1Weight .. kFcProjBias), with
-// GPT-2's init (N(0, 0.02) matrices, the two residual projections scaled by 1/sqrt(2 L)),
-// for models that are not built from a GptConfig (the layer stack).
-std::vector<TensorSpec> LayerTensorSpecs(int C, int layer, int total_layers);
-
 class DeviceParameters {
  public:
   // Allocates the arrays for `tensors` (id, spec) on the current device: bf16 and grad from
