@@ -353,45 +353,6 @@ double MedianOf(std::vector<double> values) {
 
 }  // namespace
 
-absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model, int reps) {
-  if (reps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--reps must be at least 1, got ", reps));
-  }
-  PO_ASSIGN_OR_RETURN(const int device, CudaBackendDevice(backend));
-  PO_ASSIGN_OR_RETURN(cudaStream_t stream, CudaComputeStream(backend));
-  internal::ScopedDevice guard;
-  PO_RETURN_IF_ERROR(guard.Enter(device));
-  Scratch scratch;
-  auto allocate = [&](std::int64_t bytes) -> absl::StatusOr<void*> {
-    void* buffer = nullptr;
-    PO_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, static_cast<std::size_t>(bytes)));
-    scratch.buffers.push_back(buffer);
-    PO_RETURN_IF_ERROR(FillRandom(buffer, bytes, kActivationScale, scratch.buffers.size(),
-                                  stream));
-    return buffer;
-  };
-  PO_ASSIGN_OR_RETURN(void* saved, allocate(model.SavedBytes(0, false)));
-  std::array<void*, 4> boundary{};  // input, output, grad output, grad input
-  for (void*& buffer : boundary) {
-    PO_ASSIGN_OR_RETURN(buffer, allocate(model.BoundaryBytes()));
-  }
-  std::vector<double> forward;
-  std::vector<double> backward;
-  constexpr int kUntimed = 2;
-  for (int rep = 0; rep < kUntimed + reps; ++rep) {
-    PO_ASSIGN_OR_RETURN(const double f, TimeOnStream(stream, scratch, [&] {
-                          return model.Forward(0, 0, boundary[0], boundary[1], saved);
-                        }));
-    PO_ASSIGN_OR_RETURN(const double b, TimeOnStream(stream, scratch, [&] {
-                          return model.Backward(0, 0, boundary[2], boundary[3], saved, true);
-                        }));
-    if (rep < kUntimed) continue;
-    forward.push_back(f / 1e3);
-    backward.push_back(b / 1e3);
-  }
-  return ChunkTimes{MedianOf(forward), MedianOf(backward)};
-}
-
 absl::Status FillRandomBf16(Backend& backend, void* device, std::int64_t bytes, float scale,
                             std::uint64_t seed) {
   PO_ASSIGN_OR_RETURN(const int ordinal, CudaBackendDevice(backend));

@@ -48,14 +48,6 @@ struct GemmShape {
 // GEMM dimensions fit cuBLAS's int arguments. Errors: InvalidArgument naming the field.
 [[nodiscard]] absl::Status CheckGemmShape(const GemmShape& shape);
 
-// Times `model` (any StageModel launching on `backend`'s compute stream, a CUDA backend) as a
-// middle stage would run it: input, output and gradients present (pseudo-random bf16). CUDA
-// events around each call on the compute stream, `reps` timed calls after two untimed ones;
-// the median of each. Allocates (and frees) one stash entry and four boundary buffers with
-// cudaMalloc. Errors: the CUDA calls'.
-[[nodiscard]] absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model,
-                                                           int reps);
-
 // Fills `bytes` of `backend`'s device memory with pseudo-random bf16 uniform in [-scale, scale]
 // (a host block of up to 8 MiB from `seed`, repeated) on its compute stream, and waits for it
 // (set-up only). Errors: the CUDA calls'.

@@ -46,11 +46,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/gemm_stage_model.h"
-#include "bench/pipeline_bench_link.h"
 #include "bench/pipeline_bench_plan.h"
 #include "bench/pipeline_bench_report.h"
 #include "lib/backend/cuda/cuda_status.h"
 #include "lib/base/status_macros.h"
+#include "pipeoffload/calibrate.h"
 #include "pipeoffload/cuda.h"
 #include "pipeoffload/memory.h"
 #include "pipeoffload/runtime.h"
@@ -511,7 +511,13 @@ absl::Status Bench(const BenchOptions& options) {
       options.release_wait ? "wait" : (options.release_uncapped ? "defer-uncapped" : "defer");
   PO_ASSIGN_OR_RETURN(run.gemm_flops, MeasureGemmRate(backend, kGemmRateSize, kGemmRateReps));
   ChunkCosts costs;
-  PO_ASSIGN_OR_RETURN(costs.times, MeasureChunkTimes(backend, model, options.reps));
+  // As a middle stage runs it, on pseudo-random bf16 (METHOD.md: never time on constants).
+  ChunkTimingOptions timing;
+  timing.reps = options.reps;
+  timing.fill = [&backend](void* device, std::int64_t bytes, int index) {
+    return FillRandomBf16(backend, device, bytes, 1.0f, static_cast<std::uint64_t>(index) + 1);
+  };
+  PO_ASSIGN_OR_RETURN(costs.times, MeasureChunkTimes(backend, model, timing));
   costs.saved_bytes = model.SavedBytes(0, false);
   costs.boundary_bytes = model.BoundaryBytes();
   run.forward_s = costs.times.forward;

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "bench/pipeline_bench_report.h"
 #include "bench/pipeline_bench_shared_sim.h"
+#include "pipeoffload/calibrate.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/p2p_lifetimes.h"
 #include "pipeoffload/schedule.h"
@@ -59,20 +60,6 @@
 namespace pipeoffload::bench {
 
 extern const char kBenchUsage[];
-
-// Seconds of one chunk's Forward and full Backward (with weight gradients) alone on the GPU.
-struct ChunkTimes {
-  double forward = 0.0;
-  double backward = 0.0;
-};
-
-// Pinned PCIe bandwidths in bytes per second: each direction alone, and each direction while
-// both run.
-struct LinkFigures {
-  double d2h = 55.3e9;
-  double h2d = 55.3e9;
-  double duplex = 46.0e9;
-};
 
 struct BenchOptions {
   std::string model;  // "gemm" | "gpt"; empty = gpt when this build has it, else gemm

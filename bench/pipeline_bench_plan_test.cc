@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bench/pipeline_bench_link.h"
 #include "bench/pipeline_bench_plan.h"
 #include "bench/pipeline_bench_shared_sim.h"
 #include "pipeoffload/compiler.h"
@@ -558,20 +557,6 @@ TEST_CASE("model FLOP: 72 h^2 s + 12 s^2 h per layer and microbatch", "[pipeline
   options.microbatches = 5;
   const double per_layer = 72.0 * 64 * 64 * 8 + 12.0 * 8 * 8 * 64;
   CHECK(ModelFlopsPerStep(options) == Approx(per_layer * 12 * 5));
-}
-
-TEST_CASE("link probe: the CPU backend's copies give finite positive figures",
-          "[pipeline_bench]") {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  REQUIRE(backend.ok());
-  absl::StatusOr<LinkFigures> link = MeasureLink(**backend, 1 << 20, 3);
-  REQUIRE(link.ok());
-  for (const double rate : {link->d2h, link->h2d, link->duplex}) {
-    CHECK(std::isfinite(rate));
-    CHECK(rate > 0.0);
-  }
-  CHECK(MeasureLink(**backend, 100, 3).status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK((*backend)->Stats().bytes_d2h == 2 * 4 * (1 << 20));  // (1 + 3 reps) x (solo + duplex)
 }
 
 }  // namespace

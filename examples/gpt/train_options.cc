@@ -351,6 +351,23 @@ const std::vector<FlagDef>& Flags() {
          o.p2p_reserve_worst = v == "worst";
          return absl::OkStatus();
        }},
+      {"costs", "SOURCE",
+       "nominal | measured: what the planner costs a chunk's compute and a transfer with. "
+       "measured (default with --backend cuda): before the first step every stage times each "
+       "of its chunks' forward and backward (2 untimed and 3 timed calls, events on its compute "
+       "queue) and its host link (copies of up to 256 MiB each way), the ranks share the "
+       "figures (each stage's own compute, the slowest link) and the schedule is planned in "
+       "seconds; with --transport local on one GPU the stages share it, so compute is planned "
+       "p times slower and the link split p ways. nominal (default on the CPU): a chunk's F, B "
+       "and W take its layer count in units and a transfer a quarter of a chunk's F, right for "
+       "the CPU backend's memcpy but far too optimistic on a GPU, where po-f then stalls on its "
+       "reloads.",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         if (v != "nominal" && v != "measured") return BadValue("costs", "nominal or measured", v);
+         o.measured_costs = v == "measured";
+         o.costs_given = true;
+         return absl::OkStatus();
+       }},
       {"watchdog", "SECONDS",
        "longest any rank waits (for a message, a copy, a peer) before it names what it waits "
        "on and the job stops with an error (default 60).",
@@ -489,6 +506,7 @@ absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& a
   }
   if (options.help) return options;
   PO_RETURN_IF_ERROR(CheckCombination(options));
+  if (!options.costs_given) options.measured_costs = options.backend == TrainBackend::kCuda;
   if (options.backend == TrainBackend::kCuda && !options.heads_given) {
     // The CUDA attention takes head sizes 64 and 128 only.
     options.config.n_head = std::max(1, options.config.n_embd / 64);

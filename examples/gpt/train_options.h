@@ -63,6 +63,9 @@ struct TrainOptions {
   bool poison = false;             // fill released arena memory with NaN (catches misuse)
   bool p2p_reserve_worst = false;  // --p2p-reserve worst: no P2P plan, room for every buffer
   std::string trace_path;          // measured Perfetto trace of the last step
+  // --costs: plan with each stage's measured chunk times and host link (train_calibrate.h)
+  // instead of nominal units. Default: measured with --backend cuda, nominal on the CPU.
+  bool measured_costs = false;
 
   // The device (--backend) and, with cuda, the optimizer state's home.
   TrainBackend backend = TrainBackend::kCpu;
@@ -79,6 +82,7 @@ struct TrainOptions {
   bool heads_given = false;
   bool gpu_share_given = false;
   bool subgroup_given = false;
+  bool costs_given = false;
 
   bool help = false;  // --help: print TrainHelpText() and exit 0
 };

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "examples/gpt/train_calibrate.h"
 #include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_report.h"
 #include "examples/gpt/train_wire.h"
@@ -155,12 +156,49 @@ std::int64_t LargestEntryBytes(const StageModel& model, const PipelineSpec& spec
   return largest;
 }
 
-// Phase 2, after the stash sizes are known everywhere: schedule, backend, arena, executor.
+// Stages that share one device: the local transport's stages are threads on one GPU with --backend
+// cuda (CPU stages run on cores of their own).
+int StagesPerDevice(const TrainOptions& options, const Transport& transport, int num_stages) {
+  return transport.Name() == "local" && options.backend == TrainBackend::kCuda ? num_stages : 1;
+}
+
+// Phase 1b, --costs measured: this stage's chunk times and host link. Stages of the local
+// transport share the machine (one GPU, or the CPU's cores), so they measure in turns, each
+// alone; ranks of an MPI job measure at once, each on its own device, so a host link that
+// devices share shows in every figure. Every rank makes the same group calls whatever fails;
+// a failure travels in the next gather.
+void MeasureCosts(TrainGroup& group, const Transport& transport, Stage& stage,
+                  absl::Status& status, StageCosts& costs) {
+  const bool in_turns = transport.Name() == "local";
+  const int turns = in_turns ? group.size() : 1;
+  for (int turn = 0; turn < turns; ++turn) {
+    if (status.ok() && (!in_turns || turn == group.rank())) {
+      absl::StatusOr<StageCosts> measured =
+          MeasureStageCosts(*stage.train, stage.spec, group.rank());
+      if (measured.ok()) {
+        costs = *std::move(measured);
+      } else {
+        status = measured.status();
+      }
+    }
+    if (in_turns) {
+      absl::StatusOr<std::vector<std::string>> synced = group.AllGather("");
+      if (!synced.ok()) FailUncoordinated(group, Annotate(synced.status(), "measuring costs"));
+    }
+  }
+}
+
+// Phase 2, after the stash sizes (and measured costs) are known everywhere: schedule, backend,
+// arena, executor. `costs` is empty for --costs nominal.
 absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::int64_t>& saved,
-                          TrainGroup& group, Transport& transport, Stage& stage) {
+                          const std::vector<StageCosts>& costs, TrainGroup& group,
+                          Transport& transport, Stage& stage) {
   const CostModel cost =
-      TrainCostModel(saved, stage.model->BoundaryBytes(),
-                     ChunkComputeUnits(stage.config.n_layer, stage.spec.num_virtual_stages()));
+      costs.empty()
+          ? TrainCostModel(saved, stage.model->BoundaryBytes(),
+                           ChunkComputeUnits(stage.config.n_layer, stage.spec.num_virtual_stages()))
+          : MeasuredTrainCostModel(saved, stage.model->BoundaryBytes(), costs,
+                                   StagesPerDevice(options, transport, group.size()));
   PO_ASSIGN_OR_RETURN(stage.schedule,
                       PlanSchedule(stage.spec, stage.loaded, cost, options.memory_budget_share));
   stage.spec = stage.schedule.spec;  // resolved (group size filled in)
@@ -251,7 +289,8 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   const std::shared_ptr<const GptData> corpus = data;
   Stage stage;
 
-  // Phase 1: spec and model; then every stage's stash entry sizes.
+  // Phase 1: spec and model (and with --costs measured, the stage's costs); then every stage's
+  // stash entry sizes and costs.
   absl::Status status =
       SetUpModel(options, std::move(data), group, transport.Name(), factory, stage);
   std::vector<std::int64_t> my_saved;
@@ -260,17 +299,24 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
       my_saved.push_back(stage.model->SavedBytes(c, stage.spec.split_backward));
     }
   }
+  StageCosts my_costs;
+  if (options.measured_costs) MeasureCosts(group, transport, stage, status, my_costs);
   ByteWriter sizes;
   sizes.PutVector(my_saved);
+  PutStageCosts(sizes, my_costs);
   PO_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
                       GatherChecked(group, status, sizes.Take(), "setup (model)"));
   const int p = stage.spec.num_stages;
   std::vector<std::int64_t> saved(static_cast<std::size_t>(p * stage.spec.chunks_per_stage));
+  std::vector<StageCosts> costs;
   for (int d = 0; d < p; ++d) {
     ByteReader reader(gathered[static_cast<std::size_t>(d)]);
     std::vector<std::int64_t> theirs;
     reader.GetVector(&theirs);
-    PO_RETURN_IF_ERROR(reader.Finish("stash sizes"));
+    StageCosts their_costs;
+    GetStageCosts(reader, &their_costs);
+    PO_RETURN_IF_ERROR(reader.Finish("stash sizes and costs"));
+    if (options.measured_costs) costs.push_back(std::move(their_costs));
     for (std::size_t c = 0;
          c < theirs.size() && c < static_cast<std::size_t>(stage.spec.chunks_per_stage); ++c) {
       saved[c * static_cast<std::size_t>(p) + static_cast<std::size_t>(d)] = theirs[c];
@@ -278,7 +324,7 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   }
 
   // Phase 2: schedule and runtime; every rank must hold the same schedule.
-  status = SetUpRuntime(options, saved, group, transport, stage);
+  status = SetUpRuntime(options, saved, costs, group, transport, stage);
   ByteWriter agreement;
   agreement.Put<std::uint64_t>(status.ok() ? ScheduleFingerprint(stage.schedule) : 0);
   agreement.Put<std::int64_t>(status.ok() ? stage.arena->budget_bytes() : 0);
@@ -299,6 +345,7 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   }
   TrainResult result;
   result.schedule = stage.schedule;
+  result.measured_costs = costs;
   result.stages.resize(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {
     const StagePrediction& predicted =
@@ -312,7 +359,11 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   }
   if (print != nullptr) {
     PrintDataAndModel(print, *corpus, stage.config);
-    PrintPlan(print, stage.schedule, transport.Name());
+    PrintPlan(print, stage.schedule, transport.Name(), !costs.empty());
+    if (!costs.empty()) {
+      std::fprintf(print, "%s\n",
+                   DescribeCosts(costs, StagesPerDevice(options, transport, p)).c_str());
+    }
     std::fflush(print);
   }
 

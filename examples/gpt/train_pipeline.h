@@ -27,6 +27,7 @@
 #include "examples/gpt/gpt_data.h"
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_options.h"
+#include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_stage.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/transport.h"
@@ -60,6 +61,7 @@ struct TrainResult {
   std::vector<StageSummary> stages;  // pipeline runs: every stage, in stage order
   std::uint64_t checksum = 0;        // CombineTensorHashes of every parameter tensor
   bool peaks_match = true;           // measured stash peak == predicted on every stage
+  std::vector<StageCosts> measured_costs;  // --costs measured: every stage's, in stage order
 };
 
 // Runs this rank's stage for options.steps steps. `group` and `transport` connect the same

@@ -38,6 +38,56 @@ CostModel TrainCostModel(const std::vector<std::int64_t>& saved_bytes, std::int6
   return cost;
 }
 
+ChunkTimes MeanChunkTimes(const StageCosts& costs) {
+  ChunkTimes mean;
+  for (const ChunkTimes& chunk : costs.chunks) {
+    mean.forward += chunk.forward;
+    mean.backward += chunk.backward;
+  }
+  const double n = static_cast<double>(costs.chunks.size());
+  return ChunkTimes{mean.forward / n, mean.backward / n};
+}
+
+LinkFigures SlowestLink(const std::vector<StageCosts>& stages) {
+  LinkFigures slowest = stages.front().link;
+  for (const StageCosts& stage : stages) {
+    slowest.d2h = std::min(slowest.d2h, stage.link.d2h);
+    slowest.h2d = std::min(slowest.h2d, stage.link.h2d);
+    slowest.duplex = std::min(slowest.duplex, stage.link.duplex);
+  }
+  return slowest;
+}
+
+CostModel MeasuredTrainCostModel(const std::vector<std::int64_t>& saved_bytes,
+                                 std::int64_t boundary_bytes,
+                                 const std::vector<StageCosts>& stages, int stages_per_device) {
+  const double share = static_cast<double>(stages_per_device);
+  std::vector<ChunkTimes> means;
+  for (const StageCosts& stage : stages) means.push_back(MeanChunkTimes(stage));
+  double f = means.front().forward;
+  double b = means.front().backward;
+  for (const ChunkTimes& mean : means) {
+    f = std::min(f, mean.forward);
+    b = std::min(b, mean.backward);
+  }
+  CostModel cost;
+  cost.forward_time = share * f;
+  cost.backward_time = share * b / 2.0;
+  cost.weight_time = share * b / 2.0;
+  for (const ChunkTimes& mean : means) {
+    cost.stage_time_scale.push_back((mean.forward + mean.backward) / (f + b));
+  }
+  cost.activation_bytes_per_virtual_stage = saved_bytes;
+  cost.activation_bytes = *std::max_element(saved_bytes.begin(), saved_bytes.end());
+  cost.boundary_bytes = boundary_bytes;
+  const LinkFigures link = SlowestLink(stages);
+  cost.d2h_bandwidth = link.d2h / share;
+  cost.h2d_bandwidth = link.h2d / share;
+  cost.duplex_bandwidth = link.duplex / share;
+  cost.host_link_group_size = 1;
+  return cost;
+}
+
 double ChunkComputeUnits(int n_layer, int num_virtual_stages) {
   return std::max(0.25, static_cast<double>(n_layer) / std::max(num_virtual_stages, 1));
 }

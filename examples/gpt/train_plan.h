@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "examples/gpt/train_options.h"
+#include "pipeoffload/calibrate.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/p2p_lifetimes.h"
 #include "pipeoffload/schedule.h"
@@ -36,6 +37,34 @@ double ChunkComputeUnits(int n_layer, int num_virtual_stages);
 // A memcpy of an activation is much faster than the chunk's compute on the CPU, so the offload
 // planner is never short of bandwidth and po-f offloads every entry whose lifespan allows it.
 inline constexpr double kTransferUnits = 0.25;
+
+// What one stage measured for --costs measured (train_calibrate.h): each of its chunks' times
+// alone on its device, in chunk order, and its host link.
+struct StageCosts {
+  std::vector<ChunkTimes> chunks;
+  LinkFigures link;
+};
+// The mean over a stage's chunks. REQUIRES: costs.chunks not empty.
+ChunkTimes MeanChunkTimes(const StageCosts& costs);
+// Each figure's minimum over the stages. REQUIRES: stages not empty.
+LinkFigures SlowestLink(const std::vector<StageCosts>& stages);
+
+// The cost model from every stage's measurements (stages[d] of stage d), in seconds. Per stage,
+// F and B are the means over its chunks; the model's F and B are the smallest stage's, and
+// stage_time_scale[d] = (F_d + B_d) / (F + B) gives each stage its own pace (the first and last
+// chunks carry the embedding and the head). B covers B and W, split evenly (gpt_train's
+// spec splits W only on request). The link is the slowest stage's in each figure (the stages
+// measured at once, so a host link two GPUs share shows as their halved rate), each stage its
+// own link (host_link_group_size 1: no BARRIER hand-overs). `stages_per_device` > 1 says
+// that many stages share one device and its link (the local transport on one GPU): compute is
+// planned that many times slower and every bandwidth divided by it, which keeps each stage's
+// ratio of compute to transfer time what it would be on a device of its own (the split link of
+// pipeline_bench_plan.h). Bytes as in TrainCostModel; P2P keeps CostModel's default rate.
+// REQUIRES: saved_bytes not empty with every entry > 0; stages not empty, each with chunks,
+// every time and bandwidth > 0; stages_per_device >= 1.
+CostModel MeasuredTrainCostModel(const std::vector<std::int64_t>& saved_bytes,
+                                 std::int64_t boundary_bytes,
+                                 const std::vector<StageCosts>& stages, int stages_per_device);
 
 // Reads `path` as pipeoffload.schedule/1 JSON and checks it with Validate.
 // Errors (each naming the path): NotFound / PermissionDenied when it cannot be read;

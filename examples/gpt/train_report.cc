@@ -29,7 +29,8 @@ void PrintDataAndModel(std::FILE* out, const GptData& data, const GptConfig& c) 
                static_cast<double>(c.optimizer.learning_rate));
 }
 
-void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name) {
+void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name,
+               bool seconds) {
   const PipelineSpec& s = schedule.spec;
   std::fprintf(out,
                "pipeline: %d stages over %s, %s v=%d g=%d m=%d, offload %s, split backward %s\n",
@@ -44,8 +45,10 @@ void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& tran
                     stage.peak_bytes_without_offload, ")");
   }
   std::fprintf(out,
-               "plan: predicted step %.3f layer-forward units (%.3f without offload), bubble "
-               "%.3f; stash peak bytes per stage (without offload): %s\n",
+               seconds ? "plan: predicted step %.4f s (%.4f without offload), bubble "
+                         "%.3f; stash peak bytes per stage (without offload): %s\n"
+                       : "plan: predicted step %.3f layer-forward units (%.3f without offload), "
+                         "bubble %.3f; stash peak bytes per stage (without offload): %s\n",
                p.step_time, p.step_time_without_offload, p.bubble_ratio, peaks.c_str());
   for (const std::string& warning : p.warnings) {
     std::fprintf(out, "plan warning: %s\n", warning.c_str());

@@ -25,9 +25,11 @@ double MeanLoss(const std::vector<double>& losses);
 // "data: ..." with the corpus's unigram entropy (the loss to beat), and "model: ...".
 void PrintDataAndModel(std::FILE* out, const GptData& data, const GptConfig& config);
 // "pipeline: ..." (stages, transport, family, v, g, m, offload policy) and "plan: ..." with the
-// compiler's predictions (step time in units, bubble, per-stage stash peaks), then any
-// planner warnings.
-void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name);
+// compiler's predictions (step time, bubble, per-stage stash peaks), then any planner
+// warnings. `seconds`: the plan's times are seconds (--costs measured), else layer-forward
+// units.
+void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name,
+               bool seconds);
 // "step N loss %.9g time %.3f s", then ", model %.1f TFLOP/s per GPU" when flops_per_gpu > 0
 // (the model FLOP of one step that each GPU carries).
 void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds,

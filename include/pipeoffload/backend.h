@@ -90,9 +90,9 @@ class Backend {
   // false, host-buffer transports need staging copies.
   virtual bool DeviceMemoryIsHostAccessible() const = 0;
 
-  // Device memory, `bytes` > 0, aligned to at least 256 bytes. Only DeviceArena calls these, at
-  // init and teardown: in the steady state nothing allocates (cudaMalloc/cudaFree synchronize
-  // the device). Errors: ResourceExhausted when the device has no room.
+  // Device memory, `bytes` > 0, aligned to at least 256 bytes. Only DeviceArena (at init and
+  // teardown) and the calibration probes (calibrate.h, at set-up) call these: in the steady
+  // state nothing allocates (cudaMalloc/cudaFree synchronize the device). Errors: ResourceExhausted when the device has no room.
   [[nodiscard]] virtual absl::StatusOr<void*> AllocateDevice(std::int64_t bytes) = 0;
   // REQUIRES: `ptr` came from AllocateDevice and no queued work still uses it.
   virtual void FreeDevice(void* ptr) = 0;

@@ -173,6 +173,7 @@ TEST_CASE("--help lists every flag the issue names, and each one parses", "[trai
                                                                   {"vocab", "256"},
                                                                   {"weight-decay", "0"},
                                                                   {"backend", "cpu"},
+                                                                  {"costs", "measured"},
                                                                   {"help", ""}};
   for (const auto& [flag, value] : flags) {
     CAPTURE(flag);
@@ -183,6 +184,20 @@ TEST_CASE("--help lists every flag the issue names, and each one parses", "[trai
     CHECK(parsed.status().ToString() == "OK");
   }
   CHECK(Parse({"-h"})->help);
+}
+
+TEST_CASE("--costs: measured by default on GPUs, nominal on the CPU, an explicit choice wins",
+          "[train][options]") {
+  CHECK_FALSE(Parse({})->measured_costs);
+  CHECK(Parse({"--backend", "cuda"})->measured_costs);
+  CHECK_FALSE(Parse({"--backend", "cuda", "--costs", "nominal"})->measured_costs);
+  CHECK(Parse({"--costs", "measured"})->measured_costs);
+  CHECK(Parse({"--costs=measured", "--backend", "cpu"})->measured_costs);
+  const absl::Status bad = Parse({"--costs", "fast"}).status();
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.message()).find("--costs expects nominal or measured, got 'fast'") !=
+        std::string::npos);
+  CHECK(TrainHelpText().find("--costs SOURCE") != std::string::npos);
 }
 
 TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "[train][options]") {

@@ -191,6 +191,35 @@ TEST_CASE("offload on and off: bitwise equal parameters, and po-f lowers every m
   }
 }
 
+TEST_CASE("--costs measured: every stage times its chunks and link; training stays bitwise",
+          "[train][pipeline]") {
+  const TrainResult reference = Reference(Options({}));
+  const TrainResult measured =
+      Agreed(RunLocal(Options({"--schedule", "po-f", "--costs", "measured"}), 4));
+  // Measuring runs F and B before the first step; StartIteration zeroes what they left.
+  CHECK(measured.checksum == reference.checksum);
+  CHECK(measured.losses == reference.losses);
+  CHECK(measured.peaks_match);
+  REQUIRE(measured.measured_costs.size() == 4);
+  for (const StageCosts& stage : measured.measured_costs) {
+    REQUIRE(stage.chunks.size() == 2);  // po-f: group-interleaved v = 2
+    for (const ChunkTimes& chunk : stage.chunks) {
+      CHECK(chunk.forward > 0.0);
+      CHECK(chunk.backward > 0.0);
+    }
+    CHECK(stage.link.d2h > 0.0);
+    CHECK(stage.link.h2d > 0.0);
+    CHECK(stage.link.duplex > 0.0);
+  }
+  // The plan's times are seconds now: the predicted step is a small fraction of a second for
+  // this tiny model, where nominal units give tens.
+  REQUIRE(measured.schedule.has_value());
+  CHECK(measured.schedule->predictions->step_time < 1.0);
+  const TrainResult nominal = Agreed(RunLocal(Options({"--schedule", "po-f"}), 4));
+  CHECK(nominal.measured_costs.empty());
+  CHECK(nominal.schedule->predictions->step_time > 10.0);
+}
+
 TEST_CASE("a different seed or data changes the checksum (the comparison is not blind)",
           "[train][pipeline]") {
   const TrainResult base = Reference(Options({}));

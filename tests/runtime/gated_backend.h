@@ -10,6 +10,7 @@
 #ifndef PIPEOFFLOAD_TESTS_RUNTIME_GATED_BACKEND_H_
 #define PIPEOFFLOAD_TESTS_RUNTIME_GATED_BACKEND_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,13 +38,27 @@ class GatedBackend final : public Backend {
     return inner_.DeviceMemoryIsHostAccessible();
   }
   absl::StatusOr<void*> AllocateDevice(std::int64_t bytes) override {
-    return inner_.AllocateDevice(bytes);
+    absl::StatusOr<void*> ptr = inner_.AllocateDevice(bytes);
+    if (ptr.ok()) ++live_device_blocks_;
+    return ptr;
   }
-  void FreeDevice(void* ptr) override { inner_.FreeDevice(ptr); }
+  void FreeDevice(void* ptr) override {
+    --live_device_blocks_;
+    inner_.FreeDevice(ptr);
+  }
   absl::StatusOr<void*> AllocateHost(std::int64_t bytes) override {
-    return inner_.AllocateHost(bytes);
+    absl::StatusOr<void*> ptr = inner_.AllocateHost(bytes);
+    if (ptr.ok()) ++live_host_blocks_;
+    return ptr;
   }
-  void FreeHost(void* ptr) override { inner_.FreeHost(ptr); }
+  void FreeHost(void* ptr) override {
+    --live_host_blocks_;
+    inner_.FreeHost(ptr);
+  }
+  // Blocks allocated through this backend and not freed yet (a leak check for callers that
+  // allocate from the backend directly).
+  int live_device_blocks() const { return live_device_blocks_; }
+  int live_host_blocks() const { return live_host_blocks_; }
   absl::Status CopyAsync(Queue queue, void* dst, const void* src, std::int64_t bytes) override;
   absl::Status FillAsync(Queue queue, void* dst, std::uint32_t pattern,
                          std::int64_t bytes) override;
@@ -71,6 +86,8 @@ class GatedBackend final : public Backend {
   bool closed_ = false;
   std::vector<std::function<absl::Status()>> held_;  // D2H work, in enqueue order
   std::set<std::int64_t> held_events_;               // ids recorded by held work
+  std::atomic<int> live_device_blocks_{0};
+  std::atomic<int> live_host_blocks_{0};
 };
 
 }  // namespace pipeoffload::testing
