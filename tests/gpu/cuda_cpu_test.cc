@@ -7,6 +7,7 @@
 #include <string>
 
 #include "lib/backend/cuda/cuda_status.h"
+#include "lib/backend/cuda/sm_copy_kernel.h"
 #include "pipeoffload/backend.h"
 #include "pipeoffload/cuda.h"
 #include "pipeoffload/cuda_stream.h"
@@ -64,6 +65,15 @@ TEST_CASE("CUDA errors become ResourceExhausted or Internal, naming the call", "
       internal::CudaStatus(cudaErrorInvalidValue, "cudaMemcpyAsync(...)", "file.cc", 3);
   CHECK(other.code() == absl::StatusCode::kInternal);
   CHECK(Contains(other, "cudaErrorInvalidValue"));
+}
+
+TEST_CASE("LaunchSmCopy refuses sizes it is not for before touching the device", "[cuda_cpu]") {
+  alignas(4) char buffer[8] = {};
+  CHECK(internal::LaunchSmCopy(buffer, buffer, 6, nullptr) == cudaErrorInvalidValue);
+  CHECK(internal::LaunchSmCopy(buffer, buffer, -4, nullptr) == cudaErrorInvalidValue);
+  CHECK(internal::LaunchSmCopy(buffer, buffer, internal::kMaxSmCopyBytes + 4, nullptr) ==
+        cudaErrorInvalidValue);
+  CHECK(internal::LaunchSmCopy(buffer, buffer, 0, nullptr) == cudaSuccess);  // nothing to do
 }
 
 TEST_CASE("PollUntil keeps its deadline and passes errors through", "[cuda_cpu]") {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lib/backend/cuda/cuda_check.h"
+#include "lib/backend/cuda/sm_copy_kernel.h"
 #include "pipeoffload/cuda.h"
 #include "pipeoffload/cuda_stream.h"
 #include "pipeoffload/memory.h"
@@ -258,6 +259,34 @@ TEST_CASE("the host pool of a CUDA backend is pinned", "[gpu][cuda][stash]") {
   PO_CUDA_CHECK(cudaPointerGetAttributes(&attributes, slot->data));
   CHECK(attributes.type == cudaMemoryTypeHost);
   CHECK((*pool)->Release(*slot).ok());
+}
+
+TEST_CASE("LaunchSmCopy moves words device <-> mapped host memory in stream order",
+          "[gpu][cuda]") {
+  for (const std::int64_t bytes : {std::int64_t{32}, internal::kMaxSmCopyBytes}) {
+    CAPTURE(bytes);
+    const auto n = static_cast<std::size_t>(bytes / 4);
+    std::uint32_t* host = nullptr;
+    std::uint32_t* mapped = nullptr;
+    std::uint32_t* device = nullptr;
+    cudaStream_t stream = nullptr;
+    PO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), static_cast<std::size_t>(bytes),
+                                cudaHostAllocMapped));
+    PO_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped), host, 0));
+    PO_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device), static_cast<std::size_t>(bytes)));
+    PO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (std::size_t i = 0; i < n; ++i) host[i] = 0x9e3779b9u * static_cast<std::uint32_t>(i + 1);
+    const std::vector<std::uint32_t> sent(host, host + n);
+    CHECK(internal::LaunchSmCopy(device, mapped, bytes, stream) == cudaSuccess);  // host -> dev
+    PO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::memset(host, 0, static_cast<std::size_t>(bytes));
+    CHECK(internal::LaunchSmCopy(mapped, device, bytes, stream) == cudaSuccess);  // dev -> host
+    PO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    CHECK(std::vector<std::uint32_t>(host, host + n) == sent);
+    PO_CUDA_CHECK(cudaStreamDestroy(stream));
+    PO_CUDA_CHECK(cudaFree(device));
+    PO_CUDA_CHECK(cudaFreeHost(host));
+  }
 }
 
 TEST_CASE("an arena larger than the device fails with ResourceExhausted", "[gpu][cuda][stash]") {

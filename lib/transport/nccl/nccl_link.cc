@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "lib/backend/cuda/cuda_check.h"
 #include "lib/backend/cuda/cuda_status.h"
+#include "lib/backend/cuda/sm_copy_kernel.h"
 #include "lib/base/status_macros.h"
 #include "lib/transport/nccl/nccl_status.h"
 
@@ -48,6 +49,7 @@ std::string NcclLink::Where() const {
 
 char* NcclLink::HostSlot(int slot) const { return host_slots_ + slot * kHeaderBytes; }
 char* NcclLink::DeviceSlot(int slot) const { return device_slots_ + slot * kHeaderBytes; }
+char* NcclLink::MappedSlot(int slot) const { return mapped_slots_ + slot * kHeaderBytes; }
 
 absl::StatusOr<std::shared_ptr<NcclLink>> NcclLink::Create(const ncclUniqueId& id, int rank,
                                                            int size, int device,
@@ -72,8 +74,11 @@ absl::Status NcclLink::InitLocked(const ncclUniqueId& id) {
   PO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const auto slot_bytes = static_cast<std::size_t>(options_.max_pending_messages) *
                           static_cast<std::size_t>(kHeaderBytes);
+  // Mapped: the header kernels read and write the host slots directly (see the header).
+  PO_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_slots_), slot_bytes,
+                                        cudaHostAllocMapped | cudaHostAllocPortable));
   PO_CUDA_RETURN_IF_ERROR(
-      cudaHostAlloc(reinterpret_cast<void**>(&host_slots_), slot_bytes, cudaHostAllocDefault));
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped_slots_), host_slots_, 0));
   PO_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&device_slots_), slot_bytes));
   for (int slot = options_.max_pending_messages - 1; slot >= 0; --slot) {
     free_slots_.push_back(slot);
@@ -280,16 +285,14 @@ absl::Status NcclLink::PostGroupLocked(const std::vector<Transfer*>& group) {
   absl::Status status = [&]() -> absl::Status {
     for (Transfer* transfer : group) {
       if (transfer->is_recv) continue;
-      PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(DeviceSlot(transfer->slot),
-                                              HostSlot(transfer->slot), kHeaderBytes,
-                                              cudaMemcpyHostToDevice, stream_));
+      PO_CUDA_RETURN_IF_ERROR(LaunchSmCopy(DeviceSlot(transfer->slot),
+                                           MappedSlot(transfer->slot), kHeaderBytes, stream_));
     }
     PO_RETURN_IF_ERROR(RunGroupLocked(group, /*headers=*/true));
     for (Transfer* transfer : group) {
       if (!transfer->is_recv) continue;
-      PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HostSlot(transfer->slot),
-                                              DeviceSlot(transfer->slot), kHeaderBytes,
-                                              cudaMemcpyDeviceToHost, stream_));
+      PO_CUDA_RETURN_IF_ERROR(LaunchSmCopy(MappedSlot(transfer->slot),
+                                           DeviceSlot(transfer->slot), kHeaderBytes, stream_));
       PO_CUDA_RETURN_IF_ERROR(cudaEventRecord(transfer->header_done, stream_));
     }
     const bool payload = std::any_of(group.begin(), group.end(),

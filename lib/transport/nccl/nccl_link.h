@@ -6,7 +6,10 @@
 // then its payload (when bytes > 0) in a second group. The receiver copies the header to pinned
 // host memory and records `header_done` between the two groups, so it can name both messages
 // when the peer sent something else: NCCL pairs transfers between two ranks by posting order,
-// without tags, and a mismatch in size would otherwise just hang.
+// without tags, and a mismatch in size would otherwise just hang. Headers move between host and
+// device slots by a one-block kernel (LaunchSmCopy), never by cudaMemcpyAsync: on a copy engine
+// they would queue behind the runtime's bulk offload / reload copies, and hold up the in-order
+// stream with them.
 //
 // Transfer states (any other transition is a bug):
 //   kUnmatched  a self message waiting for its partner; nothing handed to NCCL yet
@@ -124,6 +127,7 @@ class NcclLink {
   void ReleaseLocked(Transfer& transfer);
   char* HostSlot(int slot) const;
   char* DeviceSlot(int slot) const;
+  char* MappedSlot(int slot) const;  // HostSlot(slot) as the device sees it
   absl::StatusOr<cudaEvent_t> TakeEventLocked();
   absl::Status DeadLocked() const;
   std::string Where() const;
@@ -136,7 +140,8 @@ class NcclLink {
   std::mutex mu_;
   ncclComm_t comm_ = nullptr;  // null once aborted or finalized
   cudaStream_t stream_ = nullptr;
-  char* host_slots_ = nullptr;    // max_pending_messages WireHeaders, pinned
+  char* host_slots_ = nullptr;    // max_pending_messages WireHeaders, pinned and mapped
+  char* mapped_slots_ = nullptr;  // host_slots_ as the device sees them
   char* device_slots_ = nullptr;  // the same, on the device
   std::vector<int> free_slots_;
   std::vector<cudaEvent_t> spare_events_;
