@@ -10,17 +10,20 @@
 # For each rank count P in $GPUS (default "4 8"; counts above the visible GPUs are skipped with
 # a note) and each hidden size in $HIDDEN (default "4096 8192"), seq 2048, microbatch 1,
 # m = 4P microbatches, the same total layers at every P (so per-GPU work halves from 4 to 8
-# GPUs): the schedules 1f1b, interleaved, group-interleaved, po-h, po-f and auto (budget: half
-# of the no-offload stash peak). Each run prints its loss, step time and model TFLOP/s per GPU
+# GPUs): the schedules 1f1b, interleaved, group-interleaved, po-h, po-f and auto (budget: 70% of
+# the stash peak of its order without offload; at P = 2 even po-f keeps 60%), the interleaved
+# ones with v = 4 chunks per stage (fewer when a stage has fewer layers), planned on measured
+# costs (gpt_train's default with --backend cuda). Each run prints its loss, step time and model TFLOP/s per GPU
 # per step, each stage's stash peak measured vs predicted, and the predicted bubble; the
 # group-interleaved and po-f runs at the first (P, h) also write their measured traces (check
 # staggering and P2P time with and without offload there). NCCL's NVLink multicast is off
 # (NCCL_NVLS_ENABLE=0).
 #
 # Environment: GPT_TRAIN (default $BUILD/examples/gpt/gpt_train, BUILD default build),
-# OUT (default ./multi_gpu_out), GPUS, HIDDEN, STEPS (default 6), LAYERS_4096 (default 32),
-# LAYERS_8192 (default 16), MPIRUN (default mpirun), MPIRUN_FLAGS (extra mpirun flags). Outputs in $OUT: one log per
-# run (<P>gpu_h<h>_<schedule>.log), traces, and summary.md (one table row per run).
+# OUT (default ./multi_gpu_out), GPUS, HIDDEN, SCHEDULES (default the six above), STEPS (default 6),
+# LAYERS_4096 (default 32), LAYERS_8192 (default 16), CHUNKS (default above), AUTO_BUDGET
+# (default 70%), MPIRUN (default mpirun), MPIRUN_FLAGS (extra mpirun flags). Outputs in $OUT: one log per run (<P>gpu_h<h>_<schedule>.log), traces, and
+# summary.md (one table row per run).
 # Exit status: 0 when every run that was started succeeded; 1 otherwise. In --rehearse mode
 # also 1 when the CPU runs of one P disagree on the checksum (they must be bitwise equal).
 set -uo pipefail
@@ -31,7 +34,7 @@ BUILD=${BUILD:-build}
 GPT_TRAIN=${GPT_TRAIN:-$BUILD/examples/gpt/gpt_train}
 OUT=${OUT:-multi_gpu_out}
 MPIRUN=${MPIRUN:-mpirun}
-schedules="1f1b interleaved group-interleaved po-h po-f auto"
+schedules=${SCHEDULES:-"1f1b interleaved group-interleaved po-h po-f auto"}
 mkdir -p "$OUT"
 summary="$OUT/summary.md"
 export NCCL_NVLS_ENABLE=0
@@ -59,19 +62,26 @@ fi
 
 # The model flags of one hidden size: the real sizes on GPUs, a tiny model when rehearsing.
 model_flags() {  # model_flags H P
-  local h=$1 p=$2
+  local h=$1 p=$2 layers
   if [ $rehearse = 1 ]; then
-    echo "--backend cpu --embd $h --heads 4 --layers 16 --seq 32 --batch 2 --microbatches $((4 * p))"
+    layers=16
+    echo -n "--backend cpu --embd $h --heads 4 --layers $layers --seq 32 --batch 2"
   else
-    local layers
     if [ "$h" -ge 8192 ]; then layers=${LAYERS_8192:-16}; else layers=${LAYERS_4096:-32}; fi
-    echo "--backend cuda --embd $h --layers $layers --seq 2048 --batch 1 --microbatches $((4 * p)) --lr 0.0003"
+    echo -n "--backend cuda --embd $h --layers $layers --seq 2048 --batch 1 --lr 0.0003"
   fi
+  # Chunks per stage for the interleaved families: CHUNKS, else 4 (at most a layer each).
+  # gpt_train plans offload on measured costs, and only entries of a few layers are short
+  # enough to hide behind compute (docs/benchmarks.md: at P = 2, h = 4096, v = 2 po-f cannot
+  # lower stage 0's peak without slowing the step; v = 4 can).
+  local chunks=${CHUNKS:-$((layers / p < 4 ? layers / p : 4))}
+  echo " --microbatches $((4 * p)) --chunks $((chunks > 1 ? chunks : 2))"
 }
 
 schedule_flags() {  # schedule_flags NAME
   case $1 in
-    auto) echo "--schedule auto --memory-budget 50%" ;;
+    auto) echo "--schedule auto --memory-budget ${AUTO_BUDGET:-70%}" ;;
+    1f1b) echo "--schedule 1f1b --chunks 1" ;;
     *) echo "--schedule $1" ;;
   esac
 }
