@@ -113,7 +113,7 @@ for p in $GPUS; do
       rc=$?
       echo "rc=$rc ($((SECONDS - start)) s)"
       [ $rc = 0 ] || failed=1
-      grep -E "^(pipeline|plan:|plan warning: auto)|^step $((STEPS - 1)) |^mean step|error" "$log" |
+      grep -E "^(pipeline|plan:|plan warning: auto|costs|links)|^step $((STEPS - 1)) |^mean step|error" "$log" |
         cut -c1-300
       mean=$(sed -n 's/^mean step time \([0-9.]*\) s.*/\1/p' "$log")
       tflops=$(grep "^step " "$log" | tail -1 | sed -n 's/.*model \([0-9.]*\) TFLOP.*/\1/p')

@@ -112,6 +112,7 @@ struct Stage {
   StageModel* model = nullptr;        // train->model()
   std::optional<Schedule> loaded;     // --schedule-file
   Schedule schedule;
+  CostModel cost;  // what the schedule was planned with
   std::unique_ptr<DeviceArena> arena;
   std::unique_ptr<Executor> executor;
 };
@@ -193,14 +194,14 @@ void MeasureCosts(TrainGroup& group, const Transport& transport, Stage& stage,
 absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::int64_t>& saved,
                           const std::vector<StageCosts>& costs, TrainGroup& group,
                           Transport& transport, Stage& stage) {
-  const CostModel cost =
+  stage.cost =
       costs.empty()
           ? TrainCostModel(saved, stage.model->BoundaryBytes(),
                            ChunkComputeUnits(stage.config.n_layer, stage.spec.num_virtual_stages()))
           : MeasuredTrainCostModel(saved, stage.model->BoundaryBytes(), costs,
                                    StagesPerDevice(options, transport, group.size()));
-  PO_ASSIGN_OR_RETURN(stage.schedule,
-                      PlanSchedule(stage.spec, stage.loaded, cost, options.memory_budget_share));
+  PO_ASSIGN_OR_RETURN(stage.schedule, PlanSchedule(stage.spec, stage.loaded, stage.cost,
+                                                   options.memory_budget_share));
   stage.spec = stage.schedule.spec;  // resolved (group size filled in)
   const int rank = group.rank();
   const StageProgram& program = stage.schedule.stages[static_cast<std::size_t>(rank)];
@@ -465,6 +466,10 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   if (print != nullptr) {
     PrintStageTable(print, result);
     PrintChecksum(print, result.checksum);
+  }
+  if (trace && !last_stats.empty()) {
+    PO_ASSIGN_OR_RETURN(result.links, MeasureLinks(stage.cost, last_stats));
+    if (print != nullptr) PrintLinkReport(print, *result.links);
   }
   if (rank == 0 && trace && !last_stats.empty()) {
     PO_RETURN_IF_ERROR(WriteTraceFile(options.trace_path, stage.schedule, last_stats));

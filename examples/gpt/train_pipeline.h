@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "examples/gpt/gpt_data.h"
 #include "examples/gpt/train_group.h"
+#include "examples/gpt/train_links.h"
 #include "examples/gpt/train_options.h"
 #include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_stage.h"
@@ -62,6 +63,7 @@ struct TrainResult {
   std::uint64_t checksum = 0;        // CombineTensorHashes of every parameter tensor
   bool peaks_match = true;           // measured stash peak == predicted on every stage
   std::vector<StageCosts> measured_costs;  // --costs measured: every stage's, in stage order
+  std::optional<LinkReport> links;         // --trace: the traced step's copy overlaps and P2P
 };
 
 // Runs this rank's stage for options.steps steps. `group` and `transport` connect the same

@@ -13,6 +13,6 @@ run() {  # run NAME LIMIT ARGS...
   local start=$SECONDS
   timeout "$limit" "$@" >>"$LOG/$name.log" 2>&1
   echo "rc=$? ($((SECONDS - start)) s)"
-  grep -E "^(pipeline|plan|costs)|^mean step|^stage [0-9]: stash|^checksum|error" \
+  grep -E "^(pipeline|plan|costs|links)|^mean step|^stage [0-9]: stash|^checksum|error" \
     "$LOG/$name.log" | cut -c1-330
 }

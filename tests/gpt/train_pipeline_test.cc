@@ -373,6 +373,26 @@ TEST_CASE("--trace writes every stage's measured last step in the simulator's la
     CHECK(copies == expected_copies);
     CHECK(copies > 0);
   }
+  // The link report of the same step: every stage's P2P ops counted, spans non-negative, and
+  // links grouped as the plan's cost model groups them (nominal costs: pairs of stages).
+  REQUIRE(result.links.has_value());
+  CHECK(result.links->stages_per_link == 2);
+  CHECK(result.links->collisions >= 0);
+  REQUIRE(result.links->stages.size() == 4);
+  for (int d = 0; d < 4; ++d) {
+    CAPTURE(d);
+    int sends = 0;
+    int receives = 0;
+    for (const Op& op : result.schedule->stages[d].ops) {
+      sends += IsSend(op.kind);
+      receives += IsP2P(op.kind) && !IsSend(op.kind);
+    }
+    const P2PTimes& times = result.links->stages[static_cast<std::size_t>(d)];
+    CHECK(times.sends == sends);
+    CHECK(times.receives == receives);
+    CHECK(times.send_seconds >= 0.0);
+    CHECK(times.median_send_seconds <= times.send_seconds);
+  }
   std::remove(path.c_str());
 }
 

@@ -16,6 +16,7 @@
 #include "pipeoffload/schedule_io.h"
 #include "pipeoffload/simulate.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload::gpt {
 namespace {
@@ -34,13 +35,8 @@ std::string Message(const absl::Status& status) { return std::string(status.mess
 
 // po-f on p stages, m microbatches, v chunks (group-interleaved; 1F1B when v = 1).
 PipelineSpec PoFullSpec(int p, int m, int v) {
-  PipelineSpec spec;
-  spec.family = v > 1 ? Family::kGroupInterleaved : Family::k1F1B;
-  spec.num_stages = p;
-  spec.num_microbatches = m;
-  spec.chunks_per_stage = v;
-  spec.offload = OffloadPolicy::kFull;
-  return spec;
+  return testing::MakeSpec(v > 1 ? Family::kGroupInterleaved : Family::k1F1B, p, m, v, 0, false,
+                           OffloadPolicy::kFull);
 }
 
 // A po-f schedule from the compiler, as a file would hold it.

@@ -364,20 +364,12 @@ TEST_CASE("duplex across a shared host link", "[sim]") {
   CHECK(own.predictions.collisions == 0);
 }
 
-TimedOp Transfer(int stage, OpKind kind, double start, double end, int peer = -1) {
-  TimedOp op;
-  op.stage = stage;
-  op.op = Op{kind, 0, 0, peer};
-  op.start = start;
-  op.end = end;
-  return op;
-}
 
 TEST_CASE("CountCollisions counts overlapping pairs per link direction", "[sim]") {
   Timeline t;
   t.stages = {
-      {Transfer(0, OpKind::kOffload, 0, 2), Transfer(0, OpKind::kSendActivation, 1, 3, 1)},
-      {Transfer(1, OpKind::kReload, 2.5, 4), Transfer(1, OpKind::kRecvActivation, 1, 3, 0)}};
+      {Timed(0, OpKind::kOffload, 0, 2), Timed(0, OpKind::kSendActivation, 1, 3, 1)},
+      {Timed(1, OpKind::kReload, 2.5, 4), Timed(1, OpKind::kRecvActivation, 1, 3, 0)}};
   CostModel cost;
   cost.host_link_group_size = 1;
   cost.p2p_shares_host_link = false;
@@ -388,18 +380,18 @@ TEST_CASE("CountCollisions counts overlapping pairs per link direction", "[sim]"
   CHECK(CountCollisions(t, cost, 2) == 2);
 
   Timeline three;
-  three.stages = {{Transfer(0, OpKind::kOffload, 0, 3)},
-                  {Transfer(1, OpKind::kOffload, 1, 4)},
-                  {Transfer(2, OpKind::kOffload, 2, 5)},
-                  {Transfer(3, OpKind::kOffload, 4.5, 6)}};
+  three.stages = {{Timed(0, OpKind::kOffload, 0, 3)},
+                  {Timed(1, OpKind::kOffload, 1, 4)},
+                  {Timed(2, OpKind::kOffload, 2, 5)},
+                  {Timed(3, OpKind::kOffload, 4.5, 6)}};
   cost.host_link_group_size = 4;
   CHECK(CountCollisions(three, cost, 4) == 4);  // (0,1) (0,2) (1,2) (2,3)
   cost.host_link_group_size = 2;
   CHECK(CountCollisions(three, cost, 4) == 2);  // (0,1) on link 0, (2,3) on link 1
 
   Timeline touching;
-  touching.stages = {{Transfer(0, OpKind::kOffload, 0, 2)},
-                     {Transfer(1, OpKind::kOffload, 2, 4), Transfer(1, OpKind::kReload, 0, 4)}};
+  touching.stages = {{Timed(0, OpKind::kOffload, 0, 2)},
+                     {Timed(1, OpKind::kOffload, 2, 4), Timed(1, OpKind::kReload, 0, 4)}};
   CHECK(CountCollisions(touching, cost, 2) == 0);  // end-to-start, and opposite directions
   touching.stages[1][0].start = 2.0 - 1e-13;       // rounding, not an overlap
   CHECK(CountCollisions(touching, cost, 2) == 0);

@@ -1,5 +1,6 @@
 // Short constructors for hand-built schedules in tests: F(mb, chunk), SendF(mb, peer, chunk), ...
-// Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d], and MakeSpec.
+// Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d], MakeSpec, and
+// Timed for the ops of hand-built timelines.
 #ifndef PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
 #define PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
 
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "pipeoffload/schedule.h"
+#include "pipeoffload/simulate.h"
 
 namespace pipeoffload::testing {
 
@@ -22,6 +24,16 @@ inline PipelineSpec MakeSpec(Family family, int p, int m, int v, int g = 0, bool
   spec.split_backward = split;
   spec.offload = offload;
   return spec;
+}
+
+// An op of `kind` (microbatch 0, chunk 0) on `stage` that ran from `start` to `end`.
+inline TimedOp Timed(int stage, OpKind kind, double start, double end, int peer = -1) {
+  TimedOp timed;
+  timed.stage = stage;
+  timed.op = Op{kind, 0, 0, peer};
+  timed.start = start;
+  timed.end = end;
+  return timed;
 }
 
 inline Op F(int mb, int c = 0) { return {OpKind::kForward, mb, c, -1}; }
