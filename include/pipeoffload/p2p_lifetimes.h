@@ -21,7 +21,7 @@
 // and some transports move a message only while its receiver tests or waits (the local
 // transport with copiers); past that BARRIER, q only runs or waits while serving its receives.
 //
-// The bound walks the program as the executor allocates (executor.cc): a RECV allocates a
+// The bound walks the program as the executor allocates (executor_p2p.cc): a RECV allocates a
 // block; F (not the last virtual stage) allocates its output and B (not the first) its input
 // gradient before the model call, while the input block it consumes is still held and freed
 // after; SEND hands the output block to the send, which holds it until max(g(S), s + 1) (an

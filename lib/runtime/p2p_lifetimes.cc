@@ -8,7 +8,7 @@
 //  - An op is stamped only once everything it waits for is stamped: its predecessor, the SEND
 //    whose message it consumes, and for a BARRIER its partner's predecessor (both sides of the
 //    pair are stamped together). Ops left unstamped when nothing can move form a cycle.
-//  - The walk mirrors executor.cc's ownership of P2P blocks; see the header.
+//  - The walk mirrors the executor's ownership (stage_executor.h) of P2P blocks; see the header.
 #include "pipeoffload/p2p_lifetimes.h"
 
 #include <algorithm>
@@ -321,7 +321,8 @@ class Analyzer {
   // itself, or the last BARRIER of q between r and the F/B consuming the message. A stage
   // blocked inside Transport::Barrier serves none of its posted receives, and some transports
   // move a message only while its receiver tests or waits (the local transport with copiers);
-  // past its last such BARRIER, q only runs, or waits while serving its receives (executor.cc).
+  // past its last such BARRIER, q only runs, or waits while serving its receives
+  // (executor_p2p.cc).
   // With kMessageConsumed: the consuming F/B itself (the message has arrived by its end).
   int WaitTarget(int q, int r) const {
     const Op& recv = Ops(q)[static_cast<std::size_t>(r)];
