@@ -290,10 +290,21 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   const std::shared_ptr<const GptData> corpus = data;
   Stage stage;
 
+  // Set-up can take a minute on GPUs (parameters, pinned memory, measuring): rank 0 says where
+  // it is, with its own times.
+  double phase_start = Now();
+  const auto progress = [&](const char* what) {
+    if (print == nullptr) return;
+    std::fprintf(print, "setup: %s (%.1f s)\n", what, Now() - phase_start);
+    std::fflush(print);
+    phase_start = Now();
+  };
+
   // Phase 1: spec and model (and with --costs measured, the stage's costs); then every stage's
   // stash entry sizes and costs.
   absl::Status status =
       SetUpModel(options, std::move(data), group, transport.Name(), factory, stage);
+  progress(status.ok() ? "stage model built" : "stage model failed");
   std::vector<std::int64_t> my_saved;
   if (status.ok()) {
     for (int c = 0; c < stage.spec.chunks_per_stage; ++c) {
@@ -301,7 +312,10 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     }
   }
   StageCosts my_costs;
-  if (options.measured_costs) MeasureCosts(group, transport, stage, status, my_costs);
+  if (options.measured_costs) {
+    MeasureCosts(group, transport, stage, status, my_costs);
+    progress("chunk times and host link measured");
+  }
   ByteWriter sizes;
   sizes.PutVector(my_saved);
   PutStageCosts(sizes, my_costs);
@@ -330,6 +344,7 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
   agreement.Put<std::uint64_t>(status.ok() ? ScheduleFingerprint(stage.schedule) : 0);
   agreement.Put<std::int64_t>(status.ok() ? stage.arena->budget_bytes() : 0);
   PO_ASSIGN_OR_RETURN(gathered, GatherChecked(group, status, agreement.Take(), "setup (schedule)"));
+  progress("schedule compiled, arenas and executors ready on every rank");
   std::vector<std::uint64_t> fingerprints(static_cast<std::size_t>(p));
   std::vector<std::int64_t> budgets(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {
