@@ -6,6 +6,7 @@
 // printed by every rank); 2 bad flags; 3 a stage's measured stash peak differed from the
 // compiler's prediction (a bug, reported after the checksum).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -151,10 +152,16 @@ int RunMpi(const TrainOptions& options, const std::shared_ptr<const GptData>& da
   if (options.backend == TrainBackend::kCuda) {
 #ifdef PO_GPT_TRAIN_WITH_CUDA
     // Every rank checks its GPU and they agree first, so a bad launch fails on all at once.
+    const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<CudaMpiRank> rank = CreateCudaMpiRank(**group, options);
     if (!rank.ok()) {
       return ExitTogether(*std::move(group),
                           Fail(who, std::string(rank.status().message()), kExitFailed));
+    }
+    if ((*group)->rank() == 0) {
+      std::printf("setup: GPU, NCCL communicator and CUDA backend ready (%.1f s)\n",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      std::fflush(stdout);
     }
     transport = std::move(rank->transport);
     backend = std::move(rank->backend);
