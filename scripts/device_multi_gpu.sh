@@ -86,8 +86,8 @@ schedule_flags() {  # schedule_flags NAME
   esac
 }
 
-printf '| P | h | schedule | rc | mean step s | TFLOP/s per GPU (last step) | predicted bubble | stage 0 stash peak measured / predicted B | max stash peak B | checksum |\n' >"$summary"
-printf '|---|---|---|---|---|---|---|---|---|---|\n' >>"$summary"
+printf '| P | h | schedule | rc | mean step s | TFLOP/s per GPU (last step) | predicted bubble | stage 0 stash peak measured / predicted B | max stash peak B | copy overlaps / stage 0 median send ms (traced) | checksum |\n' >"$summary"
+printf '|---|---|---|---|---|---|---|---|---|---|---|\n' >>"$summary"
 
 failed=0
 first=1
@@ -121,19 +121,22 @@ for p in $GPUS; do
       stage0=$(sed -n 's/^stage 0: stash peak \([0-9]*\) B measured, \([0-9]*\) B predicted.*/\1 \/ \2/p' "$log")
       maxpeak=$(sed -n 's/^stage [0-9]*: stash peak \([0-9]*\) B measured.*/\1/p' "$log" | sort -n | tail -1)
       checksum=$(sed -n 's/^checksum \(0x[0-9a-f]*\)/\1/p' "$log")
-      printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$p" "$h" "$schedule" "$rc" \
-        "${mean:--}" "${tflops:--}" "${bubble:--}" "${stage0:--}" "${maxpeak:--}" \
-        "${checksum:--}" >>"$summary"
+      links=$(sed -n 's/^links (traced step): \([0-9]*\) overlapping.* 0: sends [0-9]*, median \([0-9.]*\) ms.*/\1 \/ \2/p' "$log")
+      printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$p" "$h" "$schedule" \
+        "$rc" "${mean:--}" "${tflops:--}" "${bubble:--}" "${stage0:--}" "${maxpeak:--}" \
+        "${links:--}" "${checksum:--}" >>"$summary"
     done
     first=0
   done
 done
 
 if [ $rehearse = 1 ]; then
-  # On the CPU every schedule computes the same bits: one checksum per (P, h).
+  # On the CPU every schedule computes the same bits: one checksum per (P, h). The checksum is
+  # the last column (rows end in "|", so field NF is empty).
   while read -r key; do
     sums=$(awk -F'|' -v k="$key" '{gsub(/ /, "", $2); gsub(/ /, "", $3);
-             if ($2 "_" $3 == k) {gsub(/ /, "", $11); print $11}}' "$summary" | sort -u)
+             if ($2 "_" $3 == k) {c = $(NF - 1); gsub(/ /, "", c); print c}}' "$summary" |
+           sort -u)
     if [ "$(echo "$sums" | wc -l)" != 1 ] || [ "$sums" = "-" ]; then
       echo "device_multi_gpu: P_h=$key: the schedules' checksums differ: $sums" | tee -a "$summary"
       failed=1
