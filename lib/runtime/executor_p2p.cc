@@ -112,7 +112,7 @@ absl::Status StageExecutor::Recv(int index, const Op& op) {
         absl::StrCat(Where(index, op), ": posted again before its data was consumed"));
   }
   if (!backend_.DeviceMemoryIsHostAccessible()) {
-    // The block may have been an input that queued compute work still reads (see top).
+    // The block may have been an input that queued compute work still reads (stage_executor.h).
     PO_RETURN_IF_ERROR(WaitForCompute(index, op));
   }
   PO_ASSIGN_OR_RETURN(void* buffer, AllocateP2P(index, op));
