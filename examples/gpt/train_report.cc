@@ -1,6 +1,7 @@
 // gpt_train's printed lines and trace file (see train_report.h).
 #include "examples/gpt/train_report.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
@@ -52,6 +53,20 @@ void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& tran
                p.step_time, p.step_time_without_offload, p.bubble_ratio, peaks.c_str());
   for (const std::string& warning : p.warnings) {
     std::fprintf(out, "plan warning: %s\n", warning.c_str());
+  }
+  // An offload policy that lowers no peak is memory traffic for nothing: say why and what helps.
+  std::int64_t peak = 0;
+  std::int64_t peak_without = 0;
+  for (const StagePrediction& stage : p.stages) {
+    peak = std::max(peak, stage.peak_bytes);
+    peak_without = std::max(peak_without, stage.peak_bytes_without_offload);
+  }
+  if (s.offload != OffloadPolicy::kNone && !p.stages.empty() && peak >= peak_without) {
+    std::fprintf(out,
+                 "plan warning: offload %s leaves the largest stash peak at %" PRId64
+                 " bytes: at these costs no entry that sets it can reach the host and come back "
+                 "within its lifetime; more chunks per stage (--chunks) make shorter entries\n",
+                 std::string(OffloadPolicyName(s.offload)).c_str(), peak);
   }
 }
 
