@@ -4,8 +4,10 @@
 # comes from /usr/local/cuda when present; it is not installed here.
 set -euo pipefail
 
+# liburing-dev: io_uring for the NVMe tier of layer sliding (lib/slide/nvme_uring.cc), linked
+# from its static archive.
 packages=(build-essential cmake ninja-build libabsl-dev catch2 nlohmann-json3-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin liburing-dev)
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

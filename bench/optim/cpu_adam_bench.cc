@@ -6,16 +6,18 @@
 //      triad        a[i] = b[i] + s * c[i]            12 B/element (STREAM's count: 2 read, 1 write)
 //      adam-shaped  read p, m, v, g; write p, m, v    28 B/element (4 streams read, 3 written)
 //    The adam-shaped figure is the ceiling for Adam (same streams, trivial arithmetic).
-// 2. CpuAdam::Update for each ISA and thread count, with and without the bf16 copy. Bytes
-//    counted per parameter: read p, m, v, g (16) + write p, m, v (12) = 28, + 2 for the bf16
-//    copy = 30. Write-allocate reads of the bf16 array are not counted (as STREAM does not).
-//    Reported as params/s, GB/s and % of the adam-shaped pass at the same thread count.
+// 2. CpuAdam::Update for each ISA and thread count, with and without the bf16 copy, with fp32 or
+//    bf16 gradients (AdamSpan::grad / grad_bf16). Bytes counted per parameter: read p, m, v (12)
+//    + the gradient (4 fp32, 2 bf16) + write p, m, v (12) = 28 (fp32 gradient) or 26 (bf16), + 2
+//    for the bf16 copy = 30 or 28. Write-allocate reads of the bf16 array are not counted (as
+//    STREAM does not). Rows with bf16 gradients are named "... bf16-grad". Reported as params/s,
+//    GB/s and % of the adam-shaped pass at the same thread count.
 // Every figure is the median of --reps timed runs after --warmup untimed ones. GB/s = 1e9 B/s.
 //
 // Flags: --params=N (2^24; --big: 2^28 = 4.3 GB of state + 0.5 GB bf16)
 //        --threads=sweep|all|1,2,4 (sweep: 1, 2, 4, ... and every CPU we may use)
 //        --isas=scalar,avx2,avx512 (default: every one this CPU runs)
-//        --bf16=both|on|off (both)  --reps=N (5)  --warmup=N (1)
+//        --bf16=both|on|off (both)  --grad=fp32,bf16 (both)  --reps=N (5)  --warmup=N (1)
 //        --json=PATH (also write the results as JSON)  --no-stream  --smoke (2^16, 1 rep)
 //        --prefetch=0,1024,...: CpuAdamOptions::prefetch_bytes values to measure (-1: by CPU
 //          vendor; rows name the distance used when it is not 0)
@@ -35,6 +37,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/optim/bench_flags.h"
@@ -52,12 +55,19 @@ constexpr double kTriadBytes = 12.0;        // per element: b, c read; a written
 constexpr double kAdamShapedBytes = 28.0;   // per element: p, m, v, g read; p, m, v written
 constexpr double kAdamBytes = 28.0;         // per param, without the bf16 copy
 constexpr double kAdamBf16Bytes = 30.0;     // per param, with it
+constexpr double kBf16GradSaving = 2.0;     // per param: a bf16 gradient is 2 B instead of 4
+
+// Bytes per param of one CpuAdam row.
+double AdamBytes(bool with_bf16, bool bf16_grad) {
+  return (with_bf16 ? kAdamBf16Bytes : kAdamBytes) - (bf16_grad ? kBf16GradSaving : 0.0);
+}
 
 struct Flags {
   std::int64_t params = std::int64_t{1} << 24;
   std::string threads = "sweep";
   std::vector<CpuIsa> isas;
   std::string bf16 = "both";
+  std::vector<bool> bf16_grads = {false, true};  // --grad: fp32 and/or bf16 gradients
   int reps = 5;
   int warmup = 1;
   std::string json_path;
@@ -71,7 +81,7 @@ struct Flags {
   std::fprintf(stderr,
                "cpu_adam_bench: %s\nusage: cpu_adam_bench [--params=N | --big] "
                "[--threads=sweep|all|1,2,4] [--isas=scalar,avx2,avx512] [--bf16=both|on|off] "
-               "[--reps=5] [--warmup=1] [--json=PATH] [--no-stream] [--smoke] "
+               "[--grad=fp32,bf16] [--reps=5] [--warmup=1] [--json=PATH] [--no-stream] [--smoke] "
                "[--skew=P,M,V,G,B] [--prefetch=0,1024]\n",
                message.c_str());
   std::exit(2);
@@ -115,6 +125,13 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (name == "--bf16") {
       if (value != "both" && value != "on" && value != "off") Usage("--bf16 wants both|on|off");
       flags.bf16 = value;
+    } else if (name == "--grad") {
+      flags.bf16_grads.clear();
+      for (const std::string& item : bench::SplitList(value)) {
+        if (item != "fp32" && item != "bf16") Usage("--grad wants fp32, bf16 or fp32,bf16");
+        flags.bf16_grads.push_back(item == "bf16");
+      }
+      if (flags.bf16_grads.empty()) Usage("--grad names no gradient type");
     } else if (name == "--reps") {
       flags.reps = static_cast<int>(ParseInt(name, value, 1));
     } else if (name == "--warmup") {
@@ -219,13 +236,16 @@ double MedianSeconds(const Flags& flags, const std::function<void()>& run) {
 }
 
 struct State {
-  // `skews`: each array's start, in cache lines past a page boundary.
-  State(std::int64_t n, const std::vector<int>& skews)
+  // `skews`: each array's start, in cache lines past a page boundary; the bf16 gradients take
+  // g's (a run reads one of the two). They are allocated only when `bf16_grads`.
+  State(std::int64_t n, const std::vector<int>& skews, bool bf16_grads)
       : count(n), p(n, skews[0]), m(n, skews[1]), v(n, skews[2]), g(n, skews[3]),
-        bf16(n, skews[4]) {}
+        bf16(n, skews[4]), g_bf16(bf16_grads ? n : 0, skews[3]), has_g_bf16(bf16_grads) {}
   std::int64_t count;
   Array<float> p, m, v, g;
   Array<std::uint16_t> bf16;
+  Array<std::uint16_t> g_bf16;
+  bool has_g_bf16;
 };
 
 // Adam-like values (no denormals: they would slow some CPUs down), written by the threads
@@ -239,6 +259,7 @@ void Fill(WorkerPool& pool, State& s) {
       s.v[i] = 1e-4f + x * x * 1e-4f;
       s.g[i] = x * 3e-2f + 1e-3f;
       s.bf16[i] = 0;
+      if (s.has_g_bf16) s.g_bf16[i] = FloatToBf16Bits(s.g[i]);
     }
   });
 }
@@ -300,6 +321,7 @@ struct AdamRow {
   CpuIsa isa = CpuIsa::kScalar;
   int threads = 0;
   bool bf16 = false;
+  bool bf16_grad = false;
   int prefetch = 0;
   double seconds = 0.0;
   double params_per_s = 0.0;
@@ -307,8 +329,8 @@ struct AdamRow {
   double pct_of_stream = 0.0;  // of the adam-shaped pass at the same thread count (0: none)
 };
 
-AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16, int prefetch,
-                    State& s) {
+AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16, bool bf16_grad,
+                    int prefetch, State& s) {
   CpuAdamOptions options;
   options.threads = threads;
   options.isa = isa;
@@ -327,13 +349,15 @@ AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16,
   span.param = s.p.data;
   span.exp_avg = s.m.data;
   span.exp_avg_sq = s.v.data;
-  span.grad = s.g.data;
+  span.grad = bf16_grad ? nullptr : s.g.data;
+  span.grad_bf16 = bf16_grad ? s.g_bf16.data : nullptr;
   span.param_bf16 = with_bf16 ? s.bf16.data : nullptr;
   span.count = s.count;
   AdamRow row;
   row.isa = isa;
   row.threads = threads;
   row.bf16 = with_bf16;
+  row.bf16_grad = bf16_grad;
   row.prefetch = (*cpu_adam)->prefetch_bytes();
   row.seconds = MedianSeconds(flags, [&] {
     const absl::Status status = (*cpu_adam)->Update(*scalars, span);
@@ -343,7 +367,7 @@ AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16,
     }
   });
   row.params_per_s = static_cast<double>(s.count) / row.seconds;
-  row.gbs = row.params_per_s * (with_bf16 ? kAdamBf16Bytes : kAdamBytes) / 1e9;
+  row.gbs = row.params_per_s * AdamBytes(with_bf16, bf16_grad) / 1e9;
   return row;
 }
 
@@ -375,17 +399,22 @@ int Main(int argc, char** argv) {
   const std::vector<int> thread_counts = ThreadCounts(flags.threads, all);
   const int max_threads = *std::max_element(thread_counts.begin(), thread_counts.end());
 
-  State state(flags.params, flags.skews);
+  const bool any_bf16_grad =
+      std::find(flags.bf16_grads.begin(), flags.bf16_grads.end(), true) != flags.bf16_grads.end();
+  State state(flags.params, flags.skews, any_bf16_grad);
   WorkerPool fill_pool(max_threads);
   Fill(fill_pool, state);
 
-  const double state_gb = static_cast<double>(flags.params) * 18.0 / 1e9;
+  // p, m, v, g and bf16 (18 B/param), + 2 for the bf16 gradients.
+  const double state_gb =
+      static_cast<double>(flags.params) * (any_bf16_grad ? 20.0 : 18.0) / 1e9;
   std::printf("## cpu_adam_bench, %s\n\n", UtcNow().c_str());
   std::printf("CPU: %s; %d CPUs usable; best ISA %s. Command: `%s`\n\n", CpuModel().c_str(), all,
               std::string(CpuIsaName(BestCpuIsa())).c_str(), flags.command.c_str());
-  std::printf("%lld params (%.2f GB of p, m, v, g and bf16); median of %d reps after %d "
+  std::printf("%lld params (%.2f GB of p, m, v, g%s and bf16); median of %d reps after %d "
               "warm-up.\n\n",
-              static_cast<long long>(flags.params), state_gb, flags.reps, flags.warmup);
+              static_cast<long long>(flags.params), state_gb,
+              any_bf16_grad ? ", bf16 g" : "", flags.reps, flags.warmup);
 
   std::vector<StreamRow> stream;
   if (flags.stream) {
@@ -401,18 +430,24 @@ int Main(int argc, char** argv) {
     Fill(fill_pool, state);  // the passes above left arbitrary values
   }
 
-  std::vector<bool> bf16_modes;
-  if (flags.bf16 != "off") bf16_modes.push_back(true);
-  if (flags.bf16 != "on") bf16_modes.push_back(false);
+  // (bf16 copy, bf16 gradient) combinations, in the order they are measured.
+  std::vector<std::pair<bool, bool>> modes;
+  for (const bool with_bf16 : {true, false}) {
+    if (flags.bf16 == (with_bf16 ? "off" : "on")) continue;
+    for (const bool bf16_grad : flags.bf16_grads) modes.emplace_back(with_bf16, bf16_grad);
+  }
+  std::printf("B/param: p, m, v read and written (24) + the gradient read (4 fp32, 2 in rows "
+              "named bf16-grad) + the bf16 copy written (2, rows named +bf16); write-allocate "
+              "reads not counted.\n\n");
   std::printf("| kernel | threads | params | B/param | median ms | G params/s | GB/s | "
               "%% of adam-shaped |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::vector<AdamRow> rows;
   for (CpuIsa isa : flags.isas) {
-    for (bool with_bf16 : bf16_modes) {
+    for (const auto& [with_bf16, bf16_grad] : modes) {
       for (int prefetch : flags.prefetch) {
         for (int t : thread_counts) {
-          AdamRow row = MeasureAdam(flags, isa, t, with_bf16, prefetch, state);
+          AdamRow row = MeasureAdam(flags, isa, t, with_bf16, bf16_grad, prefetch, state);
           for (const StreamRow& s : stream) {
             if (s.threads == t) row.pct_of_stream = 100.0 * row.gbs / s.adam_shaped_gbs;
           }
@@ -421,16 +456,16 @@ int Main(int argc, char** argv) {
             std::snprintf(percent, sizeof(percent), "%.1f%%", row.pct_of_stream);
           }
           char name[64];
-          std::snprintf(name, sizeof(name), "cpu_adam-%s%s", std::string(CpuIsaName(isa)).c_str(),
-                        with_bf16 ? "+bf16" : "");
+          std::snprintf(name, sizeof(name), "cpu_adam-%s%s%s",
+                        std::string(CpuIsaName(isa)).c_str(), with_bf16 ? "+bf16" : "",
+                        bf16_grad ? " bf16-grad" : "");
           if (row.prefetch > 0) {
             const std::string base = name;
             std::snprintf(name, sizeof(name), "%s pf%d", base.c_str(), row.prefetch);
           }
           std::printf("| %s | %d | %lld | %.0f | %.2f | %.3f | %.1f | %s |\n", name, t,
-                      static_cast<long long>(flags.params),
-                      with_bf16 ? kAdamBf16Bytes : kAdamBytes, row.seconds * 1e3,
-                      row.params_per_s / 1e9, row.gbs, percent);
+                      static_cast<long long>(flags.params), AdamBytes(with_bf16, bf16_grad),
+                      row.seconds * 1e3, row.params_per_s / 1e9, row.gbs, percent);
           std::fflush(stdout);
           rows.push_back(row);
         }
@@ -448,7 +483,10 @@ int Main(int argc, char** argv) {
     out["params"] = flags.params;
     out["reps"] = flags.reps;
     out["warmup"] = flags.warmup;
-    out["bytes_per_param"] = {{"adam", kAdamBytes}, {"adam_bf16", kAdamBf16Bytes}};
+    out["bytes_per_param"] = {{"adam", AdamBytes(false, false)},
+                              {"adam_bf16", AdamBytes(true, false)},
+                              {"adam_bf16_grad", AdamBytes(false, true)},
+                              {"adam_bf16_bf16_grad", AdamBytes(true, true)}};
     out["stream"] = json::array();
     for (const StreamRow& s : stream) {
       out["stream"].push_back({{"threads", s.threads},
@@ -460,6 +498,8 @@ int Main(int argc, char** argv) {
       out["adam"].push_back({{"isa", std::string(CpuIsaName(r.isa))},
                              {"threads", r.threads},
                              {"bf16", r.bf16},
+                             {"grad", r.bf16_grad ? "bf16" : "fp32"},
+                             {"bytes_per_param", AdamBytes(r.bf16, r.bf16_grad)},
                              {"prefetch_bytes", r.prefetch},
                              {"median_s", r.seconds},
                              {"params_per_s", r.params_per_s},

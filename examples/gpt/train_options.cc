@@ -12,72 +12,31 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "examples/common/flags.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 
 namespace pipeoffload::gpt {
 namespace {
 
-using Handler = std::function<absl::Status(TrainOptions&, const std::string&)>;
-
-struct FlagDef {
-  std::string_view name;        // without the leading "--"
-  std::string_view value_name;  // empty for switches
-  std::string_view help;
-  Handler handler;
-};
+using FlagDef = examples::FlagDef<TrainOptions>;
+using Handler = FlagDef::Handler;
 
 constexpr std::int64_t kIntMax = std::int64_t{1} << 30;
 
 absl::Status BadValue(std::string_view flag, std::string_view expected, const std::string& got) {
-  return absl::InvalidArgumentError(absl::StrCat("--", std::string(flag), " expects ",
-                                                 std::string(expected), ", got '", got, "'"));
+  return examples::BadFlagValue(flag, expected, got);
 }
-
 absl::StatusOr<std::int64_t> ParseInt(std::string_view flag, const std::string& text,
                                       std::int64_t lo, std::int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || *end != '\0' || value < lo || value > hi) {
-    return BadValue(flag, absl::StrCat("an integer in [", lo, ", ", hi, "]"), text);
-  }
-  return static_cast<std::int64_t>(value);
+  return examples::ParseFlagInt(flag, text, lo, hi);
 }
-
 absl::StatusOr<double> ParseDouble(std::string_view flag, const std::string& text, double lo,
                                    double hi) {
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || errno != 0 || *end != '\0' || !std::isfinite(value) || value < lo ||
-      value > hi) {
-    return BadValue(flag, absl::StrCat("a number in [", lo, ", ", hi, "]"), text);
-  }
-  return value;
+  return examples::ParseFlagDouble(flag, text, lo, hi);
 }
-
-// Bytes with an optional suffix: K, M, G (powers of 1000) or Ki, Mi, Gi (powers of 1024).
 absl::StatusOr<std::int64_t> ParseBytes(std::string_view flag, const std::string& text) {
-  static constexpr std::pair<std::string_view, std::int64_t> kSuffixes[] = {
-      {"Ki", 1024}, {"Mi", 1024 * 1024}, {"Gi", 1024 * 1024 * 1024},
-      {"K", 1000},  {"M", 1000 * 1000},  {"G", 1000 * 1000 * 1000}};
-  std::string digits = text;
-  std::int64_t scale = 1;
-  for (const auto& [suffix, factor] : kSuffixes) {
-    if (digits.size() > suffix.size() &&
-        std::string_view(digits).substr(digits.size() - suffix.size()) == suffix) {
-      digits.resize(digits.size() - suffix.size());
-      scale = factor;
-      break;
-    }
-  }
-  constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
-  absl::StatusOr<std::int64_t> base = ParseInt(flag, digits, 1, kMaxBytes / scale);
-  if (!base.ok()) {
-    return BadValue(flag, "a positive byte count (suffixes K, M, G, Ki, Mi, Gi)", text);
-  }
-  return *base * scale;
+  return examples::ParseFlagBytes(flag, text);
 }
 
 template <typename T>
@@ -466,44 +425,8 @@ absl::Status CheckCombination(const TrainOptions& o) {
 
 absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args) {
   TrainOptions options;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "-h") {
-      options.help = true;
-      continue;
-    }
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", arg, "'; flags start with -- (see --help)"));
-    }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (const std::size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-    }
-    if (name == "seq-len") name = "seq";  // gpt_reference's spelling
-    const FlagDef* def = nullptr;
-    for (const FlagDef& candidate : Flags()) {
-      if (candidate.name == name) def = &candidate;
-    }
-    if (def == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
-    if (def->value_name.empty()) {
-      if (value) {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      }
-      value = "";
-    } else if (!value) {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", name, " needs a value (", std::string(def->value_name), ")"));
-      }
-      value = args[++i];
-    }
-    PO_RETURN_IF_ERROR(def->handler(options, *value));
-  }
+  // "--seq-len" is gpt_reference's spelling of --seq.
+  PO_RETURN_IF_ERROR(examples::ParseFlags(args, Flags(), options, {{"seq-len", "seq"}}));
   if (options.help) return options;
   PO_RETURN_IF_ERROR(CheckCombination(options));
   if (!options.costs_given) options.measured_costs = options.backend == TrainBackend::kCuda;
@@ -526,28 +449,7 @@ std::string TrainHelpText() {
       "checksum is bitwise equal for every schedule and for the single-process reference\n"
       "(plain `gpt_train`, no mpirun); on the GPU, for every schedule and offload policy.\n"
       "\nflags:\n";
-  constexpr std::size_t kHelpColumn = 27;  // where each flag's text starts
-  constexpr std::size_t kWidth = 100;      // wrap the text at this column
-  for (const FlagDef& def : Flags()) {
-    std::string line = absl::StrCat("  --", std::string(def.name));
-    if (!def.value_name.empty()) absl::StrAppend(&line, " ", std::string(def.value_name));
-    line.resize(std::max(line.size() + 1, kHelpColumn), ' ');
-    std::string_view words = def.help;
-    while (!words.empty()) {
-      const std::size_t space = words.find(' ');
-      const std::string_view word = words.substr(0, space);
-      words = space == std::string_view::npos ? std::string_view() : words.substr(space + 1);
-      const std::size_t newline = line.rfind('\n');
-      const std::size_t used = line.size() - (newline == std::string::npos ? 0 : newline + 1);
-      if (used + word.size() >= kWidth && used > kHelpColumn) {
-        line.back() = '\n';
-        line.append(kHelpColumn, ' ');
-      }
-      absl::StrAppend(&line, std::string(word), " ");
-    }
-    line.back() = '\n';
-    text += line;
-  }
+  text += examples::FlagsHelp(Flags());
   absl::StrAppend(&text,
                   "\nexamples:\n"
                   "  mpirun -np 4 gpt_train --schedule po-f        # 4 ranks, full offload\n"

@@ -10,6 +10,7 @@
 // The update of element i, with the scalars of AdamStepScalars (all fp32, each line one rounded
 // operation, in this order):
 //   g  = grad[i] * grad_scale                      (unscale the loss scale, apply clipping)
+//        or float(grad_bf16[i]) * grad_scale       when the gradient is given as bf16
 //   g  = g + weight_decay * p          Adam only   (L2 penalty into the gradient)
 //   m  = beta1 * m + one_minus_beta1 * g
 //   v  = beta2 * v + one_minus_beta2 * (g * g)
@@ -18,7 +19,9 @@
 //   p  = p - step_size * (m / d)                   (step_size = lr / (1 - beta1^t))
 //   bf16[i] = p rounded to nearest even (NaN stays NaN)   when a bf16 output is given
 // Every "a * b + c" above is a multiplication rounded to fp32, then an addition rounded to
-// fp32 (never an FMA).
+// fp32 (never an FMA). float(bf16) is exact (Bf16BitsToFloat: the bits shifted left by 16, so
+// bf16 subnormals, zeros of both signs, infinities and NaN payloads carry over unchanged): a bf16
+// gradient gives exactly the bits of upcasting it to fp32 and running the fp32-gradient update.
 // Which of the two weight-decay lines runs is read off the scalars, not a mode flag: the L2
 // line runs exactly when weight_decay != 0 and the decoupled line exactly when
 // decay_factor != 1 (MakeAdamStepScalars zeroes the other one). Skipping them otherwise is not
@@ -77,8 +80,11 @@ struct AdamStepScalars {
 // overflowed step fails loudly instead of being applied unclipped.
 float ClipCoefficient(double global_norm, double max_norm);
 
-// One contiguous run of elements to update in place. `param_bf16` may be null (no bf16 copy);
-// the other pointers must not be. Arrays must not overlap.
+// One contiguous run of elements to update in place. The gradient is read from exactly one of
+// `grad` (fp32) and `grad_bf16` (bf16 bit patterns, for gradients that arrive as bf16: 2 B read
+// per param instead of 4); the other is null. The choice is made once per call, not per element.
+// `param_bf16` may be null (no bf16 copy); param, exp_avg and exp_avg_sq must not be. Arrays must
+// not overlap.
 // Performance: any alignment works, but arrays that start at the same offset within a 4 KiB
 // page (e.g. each from its own page-aligned allocation) ran ~30% slower on the build machine
 // (AMD Zen 4, cpu_adam_bench --skew=0,0,0,0,0; still ~15% with 64 bytes between them) and ~6%
@@ -92,11 +98,15 @@ struct AdamSpan {
   const float* grad = nullptr;
   std::uint16_t* param_bf16 = nullptr;  // bf16 bit patterns
   std::int64_t count = 0;
+  // bf16 bit patterns. Last, so the aggregate initializers {p, m, v, g, bf16, n} written before
+  // it existed keep their meaning.
+  const std::uint16_t* grad_bf16 = nullptr;
 };
 
-// OK when `span` may be handed to a kernel: count >= 0 and small enough to address, param,
-// exp_avg, exp_avg_sq and grad non-null when count > 0, and no two of the arrays overlapping.
-// Errors: InvalidArgument naming the offending field.
+// OK when `span` may be handed to a kernel: count >= 0 and small enough to address, and when
+// count > 0: param, exp_avg and exp_avg_sq non-null, exactly one of grad and grad_bf16 non-null,
+// and no two of the arrays (grad_bf16 and param_bf16 included) overlapping.
+// Errors: InvalidArgument naming the offending field(s).
 [[nodiscard]] absl::Status CheckAdamSpan(const AdamSpan& span);
 
 // fp32 -> bf16 bits, round to nearest even (denormals rounded too, never flushed; values that
@@ -160,6 +170,11 @@ class CpuAdam {
   // CPU side of the global gradient norm. count <= 0 gives 0; a null x with count > 0 gives NaN
   // (which ClipCoefficient and MakeAdamStepScalars turn into an error).
   [[nodiscard]] virtual double SumOfSquares(const float* x, std::int64_t count) = 0;
+  // The same over bf16 bit patterns: the same bits as SumOfSquares of their fp32 values (the
+  // upcast is exact and each block is summed by the same tree), and as LaunchSumOfSquaresBf16
+  // (lib/optim/cuda/adam_kernel.h) on the GPU. Reads 2 B per element. count <= 0 gives 0; a null
+  // x with count > 0 gives NaN.
+  [[nodiscard]] virtual double SumOfSquaresBf16(const std::uint16_t* x, std::int64_t count) = 0;
 };
 
 }  // namespace pipeoffload

@@ -1,4 +1,5 @@
-// The AVX2 Adam kernel and block sum of squares (simd_kernels.h): 8 fp32 lanes; the tail (fewer
+// The AVX2 Adam kernel and block sums of squares (simd_kernels.h), for fp32 or bf16 gradients and
+// sums: 8 fp32 lanes (bf16 inputs widened exactly: zero-extend, shift left by 16); the tail (fewer
 // than 8 elements) is copied into zero-filled stack vectors, run through the same vector code and
 // copied back, so every element goes through the same instructions. Built with -mavx2
 // -ffp-contract=off and called only where the CPU has AVX2 (cpu_isa.cc). This file must not use
@@ -42,15 +43,24 @@ __m128i ToBf16(__m256 p) {
   return _mm_packus_epi32(_mm256_castsi256_si128(merged), _mm256_extracti128_si256(merged, 1));
 }
 
-// One vector of 8 elements of the contract, at the given pointers.
-template <bool kL2, bool kDecoupled, bool kBf16>
+// 8 elements as fp32: loaded as they are, or 8 bf16 bit patterns widened exactly (adam.h: the
+// bits shifted left by 16).
+inline __attribute__((always_inline)) __m256 Load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __attribute__((always_inline)) __m256 Load8(const std::uint16_t* x) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// One vector of 8 elements of the contract, at the given pointers. `Grad`: float or
+// std::uint16_t (bf16 bits).
+template <bool kL2, bool kDecoupled, bool kBf16, typename Grad>
 inline __attribute__((always_inline)) void Step(const Vectors& s, float* param, float* exp_avg,
-                                                float* exp_avg_sq, const float* grad,
+                                                float* exp_avg_sq, const Grad* grad,
                                                 std::uint16_t* param_bf16) {
   __m256 p = _mm256_loadu_ps(param);
   __m256 m = _mm256_loadu_ps(exp_avg);
   __m256 v = _mm256_loadu_ps(exp_avg_sq);
-  __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad), s.grad_scale);
+  __m256 g = _mm256_mul_ps(Load8(grad), s.grad_scale);
   if constexpr (kL2) g = _mm256_add_ps(g, _mm256_mul_ps(s.weight_decay, p));
   m = _mm256_add_ps(_mm256_mul_ps(s.beta1, m), _mm256_mul_ps(s.one_minus_beta1, g));
   v = _mm256_add_ps(_mm256_mul_ps(s.beta2, v),
@@ -69,28 +79,36 @@ inline __attribute__((always_inline)) void Step(const Vectors& s, float* param, 
 
 // Software prefetch of the read streams' line `bytes` past element i. Address arithmetic on
 // integers: the target may lie past the arrays' ends, where pointer arithmetic would be
-// undefined (prefetches never fault).
+// undefined (prefetches never fault). Called once per 16 elements (a line of fp32); a bf16
+// gradient is prefetched as far ahead in elements (half the bytes), once per 32 (its line).
+template <typename Grad>
 inline __attribute__((always_inline)) void Prefetch(const float* param, const float* exp_avg,
-                                                    const float* exp_avg_sq, const float* grad,
+                                                    const float* exp_avg_sq, const Grad* grad,
                                                     std::int64_t i, std::int64_t bytes) {
-  const auto at = [&](const float* base) {
+  const auto at = [&](const auto* base, std::int64_t ahead) {
     return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base + i) +
-                                         static_cast<std::uintptr_t>(bytes));
+                                         static_cast<std::uintptr_t>(ahead));
   };
-  _mm_prefetch(at(param), _MM_HINT_T0);
-  _mm_prefetch(at(exp_avg), _MM_HINT_T0);
-  _mm_prefetch(at(exp_avg_sq), _MM_HINT_T0);
-  _mm_prefetch(at(grad), _MM_HINT_T0);
+  _mm_prefetch(at(param, bytes), _MM_HINT_T0);
+  _mm_prefetch(at(exp_avg, bytes), _MM_HINT_T0);
+  _mm_prefetch(at(exp_avg_sq, bytes), _MM_HINT_T0);
+  if constexpr (sizeof(Grad) == sizeof(float)) {
+    _mm_prefetch(at(grad, bytes), _MM_HINT_T0);
+  } else if (i % 32 == 0) {
+    _mm_prefetch(at(grad, bytes / 2), _MM_HINT_T0);
+  }
 }
 
-template <bool kL2, bool kDecoupled, bool kBf16>
-void Run(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+// `grad_in`: span.grad or span.grad_bf16 (the one that is set).
+template <bool kL2, bool kDecoupled, bool kBf16, typename Grad>
+void Run(const Vectors& s, const KernelSpan& span, const Grad* grad_in,
+         std::int64_t prefetch_bytes) {
   // The pointers in locals: read through `span` they would be reloaded after every store (a
   // float store may alias the struct), serializing the loop on them.
   float* __restrict param = span.param;
   float* __restrict exp_avg = span.exp_avg;
   float* __restrict exp_avg_sq = span.exp_avg_sq;
-  const float* __restrict grad = span.grad;
+  const Grad* __restrict grad = grad_in;
   std::uint16_t* __restrict param_bf16 = span.param_bf16;
   const std::int64_t full = span.count - span.count % kLanes;
   if constexpr (kBf16) {
@@ -142,13 +160,13 @@ void Run(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) 
   alignas(32) float p[kLanes] = {};
   alignas(32) float m[kLanes] = {};
   alignas(32) float v[kLanes] = {};
-  alignas(32) float g[kLanes] = {};
+  alignas(32) Grad g[kLanes] = {};
   alignas(16) std::uint16_t b[kLanes] = {};
   for (std::int64_t j = 0; j < left; ++j) {
     p[j] = span.param[full + j];
     m[j] = span.exp_avg[full + j];
     v[j] = span.exp_avg_sq[full + j];
-    g[j] = span.grad[full + j];
+    g[j] = grad[full + j];
   }
   Step<kL2, kDecoupled, kBf16>(s, p, m, v, g, b);
   for (std::int64_t j = 0; j < left; ++j) {
@@ -159,19 +177,31 @@ void Run(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) 
   }
 }
 
-template <bool kL2, bool kDecoupled>
-void RunBf16(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+// The per-call choices of the bf16 output and the gradient's type (never per element).
+template <bool kL2, bool kDecoupled, typename Grad>
+void RunBf16(const Vectors& s, const KernelSpan& span, const Grad* grad,
+             std::int64_t prefetch_bytes) {
   if (span.param_bf16 != nullptr) {
-    Run<kL2, kDecoupled, true>(s, span, prefetch_bytes);
+    Run<kL2, kDecoupled, true>(s, span, grad, prefetch_bytes);
   } else {
-    Run<kL2, kDecoupled, false>(s, span, prefetch_bytes);
+    Run<kL2, kDecoupled, false>(s, span, grad, prefetch_bytes);
+  }
+}
+
+template <bool kL2, bool kDecoupled>
+void RunVariant(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+  if (span.grad_bf16 != nullptr) {
+    RunBf16<kL2, kDecoupled>(s, span, span.grad_bf16, prefetch_bytes);
+  } else {
+    RunBf16<kL2, kDecoupled>(s, span, span.grad, prefetch_bytes);
   }
 }
 
 // Accumulates x[0..15] into the 16 lanes (simd_kernels.h): x[0..3] -> a0 ... x[12..15] -> a3.
-inline __attribute__((always_inline)) void Accumulate16(const float* x, __m256d* a) {
-  const __m256 lo = _mm256_loadu_ps(x);
-  const __m256 hi = _mm256_loadu_ps(x + 8);
+template <typename T>
+inline __attribute__((always_inline)) void Accumulate16(const T* x, __m256d* a) {
+  const __m256 lo = Load8(x);
+  const __m256 hi = Load8(x + 8);
   const __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(lo));
   const __m256d x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1));
   const __m256d x2 = _mm256_cvtps_pd(_mm256_castps256_ps128(hi));
@@ -201,24 +231,28 @@ void AdamUpdateAvx2(const KernelScalars& scalars, const KernelSpan& span,
   const bool l2 = scalars.weight_decay != 0.0f;
   const bool decoupled = scalars.decay_factor != 1.0f;
   if (l2 && decoupled) {
-    RunBf16<true, true>(s, span, prefetch_bytes);
+    RunVariant<true, true>(s, span, prefetch_bytes);
   } else if (l2) {
-    RunBf16<true, false>(s, span, prefetch_bytes);
+    RunVariant<true, false>(s, span, prefetch_bytes);
   } else if (decoupled) {
-    RunBf16<false, true>(s, span, prefetch_bytes);
+    RunVariant<false, true>(s, span, prefetch_bytes);
   } else {
-    RunBf16<false, false>(s, span, prefetch_bytes);
+    RunVariant<false, false>(s, span, prefetch_bytes);
   }
 }
 
-double SumOfSquaresBlockAvx2(const float* x, std::int64_t count) {
+namespace {
+
+// One block (simd_kernels.h's lanes and tree) of fp32 or bf16 values.
+template <typename T>
+double SumOfSquaresBlock(const T* x, std::int64_t count) {
   __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                   _mm256_setzero_pd()};
   const std::int64_t full = count - count % kSumLanes;
   for (std::int64_t i = 0; i < full; i += kSumLanes) Accumulate16(x + i, a);
   if (full < count) {
     // Zero padding adds +0 to sums of squares (>= +0): no change.
-    alignas(32) float tail[kSumLanes] = {};
+    alignas(32) T tail[kSumLanes] = {};
     for (std::int64_t j = 0; full + j < count; ++j) tail[j] = x[full + j];
     Accumulate16(tail, a);
   }
@@ -230,12 +264,23 @@ double SumOfSquaresBlockAvx2(const float* x, std::int64_t count) {
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
 
+}  // namespace
+
+double SumOfSquaresBlockAvx2(const float* x, std::int64_t count) {
+  return SumOfSquaresBlock(x, count);
+}
+
+double SumOfSquaresBf16BlockAvx2(const std::uint16_t* x, std::int64_t count) {
+  return SumOfSquaresBlock(x, count);
+}
+
 #else  // !__AVX2__: never called (CpuSupports(kAvx2) is false in such a build).
 
 void AdamUpdateAvx2(const KernelScalars&, const KernelSpan&, std::int64_t) {
   __builtin_trap();
 }
 double SumOfSquaresBlockAvx2(const float*, std::int64_t) { __builtin_trap(); }
+double SumOfSquaresBf16BlockAvx2(const std::uint16_t*, std::int64_t) { __builtin_trap(); }
 
 #endif
 

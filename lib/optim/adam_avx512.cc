@@ -1,4 +1,5 @@
-// The AVX-512F Adam kernel and block sum of squares (simd_kernels.h): 16 fp32 lanes, the tail
+// The AVX-512F Adam kernel and block sums of squares (simd_kernels.h), for fp32 or bf16 gradients
+// and sums: 16 fp32 lanes (bf16 inputs widened exactly: zero-extend, shift left by 16), the tail
 // done by the same vector code under a lane mask, so every element goes through the same
 // instructions. Built with -mavx512f -ffp-contract=off and called only where the CPU has
 // AVX-512F (cpu_isa.cc). This file must not use inline functions or templates shared with other
@@ -51,25 +52,50 @@ __m512i ToBf16(__m512 p) {
 }
 
 // The span's pointers in locals: read through `const KernelSpan&` they would be reloaded after
-// every store (a float store may alias the struct), serializing the loop on them.
+// every store (a float store may alias the struct), serializing the loop on them. `Grad`: float
+// or std::uint16_t (bf16 bits), whichever gradient the span has.
+template <typename Grad>
 struct Pointers {
   float* __restrict param;
   float* __restrict exp_avg;
   float* __restrict exp_avg_sq;
-  const float* __restrict grad;
+  const Grad* __restrict grad;
   std::uint16_t* __restrict param_bf16;
 };
+
+// x[i, i + 16) under `mask` as fp32, dead lanes 0.
+inline __attribute__((always_inline)) __m512 Load16(const float* x, std::int64_t i,
+                                                    __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, x + i);
+}
+// The same for bf16 bits, widened exactly. AVX-512F has no masked 16-bit load (that is
+// AVX-512BW), so a partial vector goes through a zero-filled stack copy; `mask` is a constant
+// 0xffff in the main loops, where this folds to one 256-bit load.
+inline __attribute__((always_inline)) __m512 Load16(const std::uint16_t* x, std::int64_t i,
+                                                    __mmask16 mask) {
+  __m256i half;
+  if (mask == 0xffff) {
+    half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+  } else {
+    alignas(32) std::uint16_t tail[kLanes] = {};
+    for (int j = 0; j < kLanes; ++j) {
+      if ((mask >> j) & 1) tail[j] = x[i + j];
+    }
+    half = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+  }
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
 
 // One vector of the contract at element i; `mask` selects the live lanes (all 16 but in the
 // tail). Dead lanes load zeros and compute harmlessly (0 / eps, or 0 / 0 = NaN when eps is 0;
 // never stored).
-template <bool kL2, bool kDecoupled, bool kBf16>
-inline __attribute__((always_inline)) void Step(const Vectors& s, const Pointers& a,
+template <bool kL2, bool kDecoupled, bool kBf16, typename Grad>
+inline __attribute__((always_inline)) void Step(const Vectors& s, const Pointers<Grad>& a,
                                                 std::int64_t i, __mmask16 mask) {
   __m512 p = _mm512_maskz_loadu_ps(mask, a.param + i);
   __m512 m = _mm512_maskz_loadu_ps(mask, a.exp_avg + i);
   __m512 v = _mm512_maskz_loadu_ps(mask, a.exp_avg_sq + i);
-  __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, a.grad + i), s.grad_scale);
+  __m512 g = _mm512_mul_ps(Load16(a.grad, i, mask), s.grad_scale);
   if constexpr (kL2) g = _mm512_add_ps(g, _mm512_mul_ps(s.weight_decay, p));
   m = _mm512_add_ps(_mm512_mul_ps(s.beta1, m), _mm512_mul_ps(s.one_minus_beta1, g));
   v = _mm512_add_ps(_mm512_mul_ps(s.beta2, v),
@@ -87,8 +113,11 @@ inline __attribute__((always_inline)) void Step(const Vectors& s, const Pointers
 // The bf16 copy of p[b, end) (full vectors), from p just written (in L1). The register form of
 // VPMOVDW and a plain or non-temporal store: the store-to-memory form is microcoded on some
 // CPUs.
-template <bool kStream>
-void StoreBf16(const Pointers& a, std::int64_t b, std::int64_t end) {
+// Takes the Pointers (one instance per gradient type, though it reads no gradient): passing
+// param and param_bf16 instead let GCC 12 inline it, and that ran 3-4% slower in cache on the
+// build machine (Xeon, cpu_adam_bench-like loop over 2^14 params).
+template <bool kStream, typename Grad>
+void StoreBf16(const Pointers<Grad>& a, std::int64_t b, std::int64_t end) {
   for (std::int64_t i = b; i < end; i += kLanes) {
     const __m256i bf16 = _mm512_cvtepi32_epi16(ToBf16(_mm512_loadu_ps(a.param + i)));
     if constexpr (kStream) {
@@ -101,22 +130,30 @@ void StoreBf16(const Pointers& a, std::int64_t b, std::int64_t end) {
 
 // Software prefetch of the read streams' line `bytes` past element i. Address arithmetic on
 // integers: the target may lie past the arrays' ends, where pointer arithmetic would be
-// undefined (prefetches never fault).
-inline __attribute__((always_inline)) void Prefetch(const Pointers& a, std::int64_t i,
+// undefined (prefetches never fault). Called once per 16 elements (a line of fp32); a bf16
+// gradient is prefetched as far ahead in elements (half the bytes), once per 32 (its line).
+template <typename Grad>
+inline __attribute__((always_inline)) void Prefetch(const Pointers<Grad>& a, std::int64_t i,
                                                     std::int64_t bytes) {
-  const auto at = [&](const float* base) {
+  const auto at = [&](const auto* base, std::int64_t ahead) {
     return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base + i) +
-                                         static_cast<std::uintptr_t>(bytes));
+                                         static_cast<std::uintptr_t>(ahead));
   };
-  _mm_prefetch(at(a.param), _MM_HINT_T0);
-  _mm_prefetch(at(a.exp_avg), _MM_HINT_T0);
-  _mm_prefetch(at(a.exp_avg_sq), _MM_HINT_T0);
-  _mm_prefetch(at(a.grad), _MM_HINT_T0);
+  _mm_prefetch(at(a.param, bytes), _MM_HINT_T0);
+  _mm_prefetch(at(a.exp_avg, bytes), _MM_HINT_T0);
+  _mm_prefetch(at(a.exp_avg_sq, bytes), _MM_HINT_T0);
+  if constexpr (sizeof(Grad) == sizeof(float)) {
+    _mm_prefetch(at(a.grad, bytes), _MM_HINT_T0);
+  } else if (i % 32 == 0) {
+    _mm_prefetch(at(a.grad, bytes / 2), _MM_HINT_T0);
+  }
 }
 
-template <bool kL2, bool kDecoupled, bool kBf16>
-void Run(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
-  const Pointers a = {span.param, span.exp_avg, span.exp_avg_sq, span.grad, span.param_bf16};
+// `grad`: span.grad or span.grad_bf16 (the one that is set).
+template <bool kL2, bool kDecoupled, bool kBf16, typename Grad>
+void Run(const Vectors& s, const KernelSpan& span, const Grad* grad,
+         std::int64_t prefetch_bytes) {
+  const Pointers<Grad> a = {span.param, span.exp_avg, span.exp_avg_sq, grad, span.param_bf16};
   const std::int64_t count = span.count;
   const std::int64_t full = count - count % kLanes;
   std::int64_t i = 0;
@@ -155,13 +192,63 @@ void Run(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) 
   }
 }
 
-template <bool kL2, bool kDecoupled>
-void RunBf16(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+// The per-call choices of the bf16 output and the gradient's type (never per element).
+template <bool kL2, bool kDecoupled, typename Grad>
+void RunBf16(const Vectors& s, const KernelSpan& span, const Grad* grad,
+             std::int64_t prefetch_bytes) {
   if (span.param_bf16 != nullptr) {
-    Run<kL2, kDecoupled, true>(s, span, prefetch_bytes);
+    Run<kL2, kDecoupled, true>(s, span, grad, prefetch_bytes);
   } else {
-    Run<kL2, kDecoupled, false>(s, span, prefetch_bytes);
+    Run<kL2, kDecoupled, false>(s, span, grad, prefetch_bytes);
   }
+}
+
+template <bool kL2, bool kDecoupled>
+void RunVariant(const Vectors& s, const KernelSpan& span, std::int64_t prefetch_bytes) {
+  if (span.grad_bf16 != nullptr) {
+    RunBf16<kL2, kDecoupled>(s, span, span.grad_bf16, prefetch_bytes);
+  } else {
+    RunBf16<kL2, kDecoupled>(s, span, span.grad, prefetch_bytes);
+  }
+}
+
+// 8 elements as fp32 (an exact bf16 widening for bf16 bits), for the sums of squares.
+inline __attribute__((always_inline)) __m256 Load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __attribute__((always_inline)) __m256 Load8(const std::uint16_t* x) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// One block (simd_kernels.h's lanes and tree) of fp32 or bf16 values.
+template <typename T>
+double SumOfSquaresBlock(const T* x, std::int64_t count) {
+  // Lanes 0-7 in lo, 8-15 in hi (simd_kernels.h): x[i..i+7] -> lo, x[i+8..i+15] -> hi. Halves
+  // are loaded as 256-bit vectors: GCC 12's 512->256 cast and extract intrinsics trip
+  // -Wuninitialized inside its own headers.
+  __m512d lo = _mm512_setzero_pd();
+  __m512d hi = _mm512_setzero_pd();
+  const std::int64_t full = count - count % kSumLanes;
+  for (std::int64_t i = 0; i < full; i += kSumLanes) {
+    const __m512d a = _mm512_cvtps_pd(Load8(x + i));
+    const __m512d b = _mm512_cvtps_pd(Load8(x + i + 8));
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  if (full < count) {
+    // Zero padding adds +0 to sums of squares (>= +0): no change.
+    alignas(64) T tail[kSumLanes] = {};
+    for (std::int64_t j = 0; full + j < count; ++j) tail[j] = x[full + j];
+    const __m512d a = _mm512_cvtps_pd(Load8(tail));
+    const __m512d b = _mm512_cvtps_pd(Load8(tail + 8));
+    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+  }
+  // s8[j] = a[j] + a[j+8] in a vector, then the rest of the tree on its 8 values.
+  alignas(64) double s8[8];
+  _mm512_store_pd(s8, _mm512_add_pd(lo, hi));
+  const double s4[4] = {s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]};
+  const double s2[2] = {s4[0] + s4[2], s4[1] + s4[3]};
+  return s2[0] + s2[1];
 }
 
 }  // namespace
@@ -183,44 +270,22 @@ void AdamUpdateAvx512(const KernelScalars& scalars, const KernelSpan& span,
   const bool l2 = scalars.weight_decay != 0.0f;
   const bool decoupled = scalars.decay_factor != 1.0f;
   if (l2 && decoupled) {
-    RunBf16<true, true>(s, span, prefetch_bytes);
+    RunVariant<true, true>(s, span, prefetch_bytes);
   } else if (l2) {
-    RunBf16<true, false>(s, span, prefetch_bytes);
+    RunVariant<true, false>(s, span, prefetch_bytes);
   } else if (decoupled) {
-    RunBf16<false, true>(s, span, prefetch_bytes);
+    RunVariant<false, true>(s, span, prefetch_bytes);
   } else {
-    RunBf16<false, false>(s, span, prefetch_bytes);
+    RunVariant<false, false>(s, span, prefetch_bytes);
   }
 }
 
 double SumOfSquaresBlockAvx512(const float* x, std::int64_t count) {
-  // Lanes 0-7 in lo, 8-15 in hi (simd_kernels.h): x[i..i+7] -> lo, x[i+8..i+15] -> hi. Halves
-  // are loaded as 256-bit vectors: GCC 12's 512->256 cast and extract intrinsics trip
-  // -Wuninitialized inside its own headers.
-  __m512d lo = _mm512_setzero_pd();
-  __m512d hi = _mm512_setzero_pd();
-  const std::int64_t full = count - count % kSumLanes;
-  for (std::int64_t i = 0; i < full; i += kSumLanes) {
-    const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
-    const __m512d b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
-    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
-    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
-  }
-  if (full < count) {
-    // Zero padding adds +0 to sums of squares (>= +0): no change.
-    alignas(64) float tail[kSumLanes] = {};
-    for (std::int64_t j = 0; full + j < count; ++j) tail[j] = x[full + j];
-    const __m512d a = _mm512_cvtps_pd(_mm256_load_ps(tail));
-    const __m512d b = _mm512_cvtps_pd(_mm256_load_ps(tail + 8));
-    lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
-    hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
-  }
-  // s8[j] = a[j] + a[j+8] in a vector, then the rest of the tree on its 8 values.
-  alignas(64) double s8[8];
-  _mm512_store_pd(s8, _mm512_add_pd(lo, hi));
-  const double s4[4] = {s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]};
-  const double s2[2] = {s4[0] + s4[2], s4[1] + s4[3]};
-  return s2[0] + s2[1];
+  return SumOfSquaresBlock(x, count);
+}
+
+double SumOfSquaresBf16BlockAvx512(const std::uint16_t* x, std::int64_t count) {
+  return SumOfSquaresBlock(x, count);
 }
 
 #else  // !__AVX512F__: never called (CpuSupports(kAvx512) is false in such a build).
@@ -229,6 +294,7 @@ void AdamUpdateAvx512(const KernelScalars&, const KernelSpan&, std::int64_t) {
   __builtin_trap();
 }
 double SumOfSquaresBlockAvx512(const float*, std::int64_t) { __builtin_trap(); }
+double SumOfSquaresBf16BlockAvx512(const std::uint16_t*, std::int64_t) { __builtin_trap(); }
 
 #endif
 

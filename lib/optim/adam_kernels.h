@@ -20,13 +20,17 @@ using AdamKernel = void (*)(const AdamStepScalars& scalars, const AdamSpan& span
                             std::int64_t prefetch_bytes);
 // Sum of squares of one block: REQUIRES 0 <= count <= kSumBlock.
 using SumOfSquaresBlockKernel = double (*)(const float* x, std::int64_t count);
+// The same over bf16 bit patterns (the bits of SumOfSquaresBlockKernel on the upcast values).
+using SumOfSquaresBf16BlockKernel = double (*)(const std::uint16_t* x, std::int64_t count);
 
 // Scalar (adam_scalar.cc; AdamUpdateScalar is the public name of the scalar Adam kernel).
 double SumOfSquaresBlockScalar(const float* x, std::int64_t count);
+double SumOfSquaresBf16BlockScalar(const std::uint16_t* x, std::int64_t count);
 
 // The kernels of `isa`. REQUIRES: CpuSupports(isa) (checked: a bug otherwise).
 AdamKernel AdamKernelFor(CpuIsa isa);
 SumOfSquaresBlockKernel SumOfSquaresBlockKernelFor(CpuIsa isa);
+SumOfSquaresBf16BlockKernel SumOfSquaresBf16BlockKernelFor(CpuIsa isa);
 
 }  // namespace pipeoffload::internal
 

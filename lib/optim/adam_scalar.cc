@@ -1,8 +1,9 @@
-// The scalar Adam reference (adam.h's contract, one element at a time) and the scalar block sum
-// of squares. Built without ISA flags and with -ffp-contract=off: these are the bits every other
+// The scalar Adam reference (adam.h's contract, one element at a time, fp32 or bf16 gradients)
+// and the scalar block sums of squares (fp32 and bf16). Built without ISA flags and with -ffp-contract=off: these are the bits every other
 // kernel, CPU or GPU, must reproduce, so nothing here may be fused or reassociated.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "absl/status/status.h"
@@ -21,15 +22,27 @@ bool Overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_by
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
+// The gradient of element i as fp32: as stored, or the exact bf16 upcast (Bf16BitsToFloat's
+// shift, written here because that function lives in another file: a call per element made the
+// scalar update ~25% slower).
+float GradAt(const float* grad, std::int64_t i) { return grad[i]; }
+float GradAt(const std::uint16_t* grad, std::int64_t i) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(grad[i]) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
 // One element of the contract, in its order. `kL2` / `kDecoupled`: which weight-decay line runs
-// (adam.h: read off weight_decay != 0 and decay_factor != 1).
-template <bool kL2, bool kDecoupled>
-void UpdateRange(const AdamStepScalars& s, const AdamSpan& span) {
+// (adam.h: read off weight_decay != 0 and decay_factor != 1). `Grad`: float or std::uint16_t
+// (bf16 bits), the array `grad` points to.
+template <bool kL2, bool kDecoupled, typename Grad>
+void UpdateRange(const AdamStepScalars& s, const AdamSpan& span, const Grad* grad) {
   for (std::int64_t i = 0; i < span.count; ++i) {
     float p = span.param[i];
     float m = span.exp_avg[i];
     float v = span.exp_avg_sq[i];
-    float g = span.grad[i] * s.grad_scale;
+    float g = GradAt(grad, i) * s.grad_scale;
     if constexpr (kL2) g = g + s.weight_decay * p;
     m = s.beta1 * m + s.one_minus_beta1 * g;
     v = s.beta2 * v + s.one_minus_beta2 * (g * g);
@@ -41,6 +54,29 @@ void UpdateRange(const AdamStepScalars& s, const AdamSpan& span) {
     span.exp_avg_sq[i] = v;
     if (span.param_bf16 != nullptr) span.param_bf16[i] = FloatToBf16Bits(p);
   }
+}
+
+template <bool kL2, bool kDecoupled>
+void UpdateSpan(const AdamStepScalars& s, const AdamSpan& span) {
+  if (span.grad_bf16 != nullptr) {
+    UpdateRange<kL2, kDecoupled>(s, span, span.grad_bf16);
+  } else {
+    UpdateRange<kL2, kDecoupled>(s, span, span.grad);
+  }
+}
+
+// The fixed lane tree of simd_kernels.h over one block, fp32 or bf16 (exactly upcast).
+template <typename T>
+double SumOfSquaresBlock(const T* x, std::int64_t count) {
+  double lanes[internal::kSumLanes] = {};
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double xi = GradAt(x, i);
+    lanes[i % internal::kSumLanes] += xi * xi;
+  }
+  for (int width = internal::kSumLanes / 2; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
+  }
+  return lanes[0];
 }
 
 }  // namespace
@@ -64,18 +100,25 @@ absl::Status CheckAdamSpan(const AdamSpan& span) {
       {"exp_avg", span.exp_avg, sizeof(float)},
       {"exp_avg_sq", span.exp_avg_sq, sizeof(float)},
       {"grad", span.grad, sizeof(float)},
+      {"grad_bf16", span.grad_bf16, sizeof(std::uint16_t)},
       {"param_bf16", span.param_bf16, sizeof(std::uint16_t)},
   };
-  constexpr int kRequired = 4;  // every array but param_bf16
+  constexpr int kArrays = sizeof(arrays) / sizeof(arrays[0]);
+  constexpr int kRequired = 3;  // param, exp_avg, exp_avg_sq; then one of the two gradients
   for (int i = 0; i < kRequired; ++i) {
     if (arrays[i].ptr == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Adam span: ", arrays[i].name, " is null (count = ", span.count, ")"));
     }
   }
+  if ((span.grad == nullptr) == (span.grad_bf16 == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Adam span: exactly one of grad and grad_bf16 must be set, but ",
+        span.grad == nullptr ? "both are null" : "both are set", " (count = ", span.count, ")"));
+  }
   const auto n = static_cast<std::size_t>(span.count);
-  for (int i = 0; i < 5; ++i) {
-    for (int j = i + 1; j < 5; ++j) {
+  for (int i = 0; i < kArrays; ++i) {
+    for (int j = i + 1; j < kArrays; ++j) {
       if (Overlap(arrays[i].ptr, n * arrays[i].bytes, arrays[j].ptr, n * arrays[j].bytes)) {
         return absl::InvalidArgumentError(absl::StrCat("Adam span: ", arrays[i].name, " and ",
                                                        arrays[j].name, " overlap (count = ",
@@ -91,29 +134,24 @@ void AdamUpdateScalar(const AdamStepScalars& scalars, const AdamSpan& span) {
   const bool l2 = scalars.weight_decay != 0.0f;
   const bool decoupled = scalars.decay_factor != 1.0f;
   if (l2 && decoupled) {
-    UpdateRange<true, true>(scalars, span);
+    UpdateSpan<true, true>(scalars, span);
   } else if (l2) {
-    UpdateRange<true, false>(scalars, span);
+    UpdateSpan<true, false>(scalars, span);
   } else if (decoupled) {
-    UpdateRange<false, true>(scalars, span);
+    UpdateSpan<false, true>(scalars, span);
   } else {
-    UpdateRange<false, false>(scalars, span);
+    UpdateSpan<false, false>(scalars, span);
   }
 }
 
 namespace internal {
 
 double SumOfSquaresBlockScalar(const float* x, std::int64_t count) {
-  double lanes[kSumLanes] = {};
-  for (std::int64_t i = 0; i < count; ++i) {
-    const double xi = x[i];
-    lanes[i % kSumLanes] += xi * xi;
-  }
-  // The fixed tree of simd_kernels.h.
-  for (int width = kSumLanes / 2; width >= 1; width /= 2) {
-    for (int j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
-  }
-  return lanes[0];
+  return SumOfSquaresBlock(x, count);
+}
+
+double SumOfSquaresBf16BlockScalar(const std::uint16_t* x, std::int64_t count) {
+  return SumOfSquaresBlock(x, count);
 }
 
 }  // namespace internal

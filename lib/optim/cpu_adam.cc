@@ -3,9 +3,10 @@
 // Update cuts the span into one contiguous range per thread with inner boundaries on 64-byte
 // boundaries of `param` (16 floats), so no two threads write the same cache line of param, m or
 // v when those share param's alignment; every element goes through the same kernel, so the bits
-// never depend on the thread count. SumOfSquares sums fixed blocks of kSumBlock elements
-// (counted from x[0]) into one slot each, and then the slots in block order on the calling
-// thread: the cut into threads only decides who fills which slot.
+// never depend on the thread count. SumOfSquares (and SumOfSquaresBf16, the same with the bf16
+// block kernel) sums fixed blocks of kSumBlock elements (counted from x[0]) into one slot each,
+// and then the slots in block order on the calling thread: the cut into threads only decides
+// who fills which slot.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -72,7 +73,8 @@ class CpuAdamImpl final : public CpuAdam {
         prefetch_bytes_(prefetch_bytes),
         pool_(threads),
         adam_(internal::AdamKernelFor(isa)),
-        sum_block_(internal::SumOfSquaresBlockKernelFor(isa)) {}
+        sum_block_(internal::SumOfSquaresBlockKernelFor(isa)),
+        sum_bf16_block_(internal::SumOfSquaresBf16BlockKernelFor(isa)) {}
 
   CpuIsa isa() const override { return isa_; }
   int threads() const override { return pool_.size(); }
@@ -102,7 +104,9 @@ class CpuAdamImpl final : public CpuAdam {
       piece.param = span.param + begin;
       piece.exp_avg = span.exp_avg + begin;
       piece.exp_avg_sq = span.exp_avg_sq + begin;
-      piece.grad = span.grad + begin;
+      // Exactly one of the two gradients is set (CheckAdamSpan).
+      piece.grad = span.grad == nullptr ? nullptr : span.grad + begin;
+      piece.grad_bf16 = span.grad_bf16 == nullptr ? nullptr : span.grad_bf16 + begin;
       piece.param_bf16 = span.param_bf16 == nullptr ? nullptr : span.param_bf16 + begin;
       piece.count = end - begin;
       adam_(scalars, piece, prefetch_bytes_);
@@ -111,6 +115,18 @@ class CpuAdamImpl final : public CpuAdam {
   }
 
   double SumOfSquares(const float* x, std::int64_t count) override {
+    return SumOfSquaresOf(x, count, sum_block_);
+  }
+
+  double SumOfSquaresBf16(const std::uint16_t* x, std::int64_t count) override {
+    return SumOfSquaresOf(x, count, sum_bf16_block_);
+  }
+
+ private:
+  // Both sums: the same blocks, slots and order, only the block kernel's input type differs.
+  template <typename T>
+  double SumOfSquaresOf(const T* x, std::int64_t count, double (*sum_block)(const T*,
+                                                                            std::int64_t)) {
     if (count <= 0) return 0.0;
     if (x == nullptr) return std::numeric_limits<double>::quiet_NaN();
     const std::int64_t blocks = (count + internal::kSumBlock - 1) / internal::kSumBlock;
@@ -123,7 +139,7 @@ class CpuAdamImpl final : public CpuAdam {
       for (std::int64_t b = first; b < last; ++b) {
         const std::int64_t begin = b * internal::kSumBlock;
         const std::int64_t n = std::min(internal::kSumBlock, count - begin);
-        block_sums_[static_cast<std::size_t>(b)] = sum_block_(x + begin, n);
+        block_sums_[static_cast<std::size_t>(b)] = sum_block(x + begin, n);
       }
     };
     if (parts == 1) {
@@ -136,12 +152,12 @@ class CpuAdamImpl final : public CpuAdam {
     return total;
   }
 
- private:
   const CpuIsa isa_;
   const std::int64_t prefetch_bytes_;
   internal::WorkerPool pool_;
   const internal::AdamKernel adam_;
   const internal::SumOfSquaresBlockKernel sum_block_;
+  const internal::SumOfSquaresBf16BlockKernel sum_bf16_block_;
   std::vector<double> block_sums_;  // one per kSumBlock block of the last SumOfSquares
 };
 

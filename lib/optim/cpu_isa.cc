@@ -58,7 +58,7 @@ KernelScalars ToKernel(const AdamStepScalars& s) {
 }
 
 KernelSpan ToKernel(const AdamSpan& s) {
-  return {s.param, s.exp_avg, s.exp_avg_sq, s.grad, s.param_bf16, s.count};
+  return {s.param, s.exp_avg, s.exp_avg_sq, s.grad, s.param_bf16, s.count, s.grad_bf16};
 }
 
 // A field added to the public types must be added to the mirrors (and converted above).
@@ -103,6 +103,19 @@ SumOfSquaresBlockKernel SumOfSquaresBlockKernelFor(CpuIsa isa) {
       break;
   }
   return &SumOfSquaresBlockScalar;
+}
+
+SumOfSquaresBf16BlockKernel SumOfSquaresBf16BlockKernelFor(CpuIsa isa) {
+  PO_CHECK_MSG(CpuSupports(isa), "sum-of-squares kernel requested for an ISA this CPU lacks");
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return &SumOfSquaresBf16BlockAvx512;
+    case CpuIsa::kAvx2:
+      return &SumOfSquaresBf16BlockAvx2;
+    case CpuIsa::kScalar:
+      break;
+  }
+  return &SumOfSquaresBf16BlockScalar;
 }
 
 }  // namespace internal

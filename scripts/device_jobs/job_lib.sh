@@ -2,7 +2,7 @@
 # root, where device_batch.sh runs every job): `run NAME LIMIT ARGS...` logs the command and its
 # output to $LOG/NAME.log under `timeout LIMIT`, prints the exit status, the seconds taken and
 # the lines worth reading; a run that would start past $JOB_DEADLINE_S seconds of the job is
-# skipped, so a batch ends inside one device call.
+# skipped, so a batch ends inside one device call. RUN_GREP overrides which lines are shown.
 run() {  # run NAME LIMIT ARGS...
   local name=$1 limit=$2; shift 2
   if ((SECONDS > ${JOB_DEADLINE_S:-450})); then
@@ -13,6 +13,6 @@ run() {  # run NAME LIMIT ARGS...
   local start=$SECONDS
   timeout "$limit" "$@" >>"$LOG/$name.log" 2>&1
   echo "rc=$? ($((SECONDS - start)) s)"
-  grep -E "^(pipeline|plan|costs|links)|^mean step|^stage [0-9]: stash|^checksum|error" \
+  grep -E "${RUN_GREP:-^(pipeline|plan|costs|links)|^mean step|^stage [0-9]: stash|^checksum|error}" \
     "$LOG/$name.log" | cut -c1-330
 }

@@ -61,14 +61,18 @@ AdamBuffers::AdamBuffers(std::int64_t count, ArrayOffsets offsets) : count_(coun
   bf16_storage_.assign(static_cast<std::size_t>(stride + 32), 0);
   bf16_ = bf16_storage_.data() + AlignIndex(bf16_storage_.data(), sizeof(std::uint16_t)) +
           offsets.bf16;
+  grad_bf16_storage_.assign(static_cast<std::size_t>(stride + 32), 0);
+  grad_bf16_ = grad_bf16_storage_.data() +
+               AlignIndex(grad_bf16_storage_.data(), sizeof(std::uint16_t)) + offsets.grad_bf16;
 }
 
-AdamSpan AdamBuffers::Span(bool with_bf16) {
+AdamSpan AdamBuffers::Span(bool with_bf16, bool bf16_grad) {
   AdamSpan span;
   span.param = param_;
   span.exp_avg = exp_avg_;
   span.exp_avg_sq = exp_avg_sq_;
-  span.grad = grad_;
+  span.grad = bf16_grad ? nullptr : grad_;
+  span.grad_bf16 = bf16_grad ? grad_bf16_ : nullptr;
   span.param_bf16 = with_bf16 ? bf16_ : nullptr;
   span.count = count_;
   return span;
@@ -101,6 +105,30 @@ void AdamBuffers::FillGrad(std::uint64_t seed) {
   }
 }
 
+void AdamBuffers::FillGradBf16(std::uint64_t seed, bool non_finite) {
+  // Payloads of every kind: quiet, signalling (the quiet bit clear), both signs.
+  constexpr std::uint16_t kNaNs[] = {0x7fc0, 0xffc0, 0x7fc1, 0xffff, 0x7f81, 0xffa3};
+  Random random(seed);
+  for (std::int64_t i = 0; i < count_; ++i) {
+    const double kind = random.Uniform();
+    const double g = random.Normal() * std::pow(10.0, -4.0 + 5.0 * random.Uniform());
+    std::uint16_t bits = FloatToBf16Bits(static_cast<float>(g));
+    if (kind < 0.02) bits = 0x0000;
+    if (kind >= 0.02 && kind < 0.03) bits = 0x8000;
+    if (kind >= 0.03 && kind < 0.05) {  // bf16 subnormal: exponent 0, mantissa 1..127
+      bits = static_cast<std::uint16_t>(1 + static_cast<int>(random.Uniform() * 127.0));
+      if (random.Sign() < 0) bits |= 0x8000;
+    }
+    if (kind >= 0.05 && kind < 0.051) bits = random.Sign() < 0 ? 0xf149 : 0x7149;  // ~1e30
+    if (non_finite && kind >= 0.06 && kind < 0.07) bits = random.Sign() < 0 ? 0xff80 : 0x7f80;
+    if (non_finite && kind >= 0.07 && kind < 0.08) {
+      bits = kNaNs[static_cast<std::size_t>(random.Uniform() * 6.0)];
+    }
+    grad_bf16_[i] = bits;
+    grad_[i] = Bf16BitsToFloat(bits);
+  }
+}
+
 void AdamBuffers::CopyFrom(AdamBuffers& other) {
   const auto bytes = static_cast<std::size_t>(count_) * sizeof(float);
   std::memcpy(param_, other.param(), bytes);
@@ -108,10 +136,14 @@ void AdamBuffers::CopyFrom(AdamBuffers& other) {
   std::memcpy(exp_avg_sq_, other.exp_avg_sq(), bytes);
   std::memcpy(grad_, other.grad(), bytes);
   std::memcpy(bf16_, other.bf16(), static_cast<std::size_t>(count_) * sizeof(std::uint16_t));
+  std::memcpy(grad_bf16_, other.grad_bf16(),
+              static_cast<std::size_t>(count_) * sizeof(std::uint16_t));
 }
 
 void AdamBuffers::CopyGradFrom(AdamBuffers& other) {
   std::memcpy(grad_, other.grad(), static_cast<std::size_t>(count_) * sizeof(float));
+  std::memcpy(grad_bf16_, other.grad_bf16(),
+              static_cast<std::size_t>(count_) * sizeof(std::uint16_t));
 }
 
 std::int64_t FirstBitDifference(const float* a, const float* b, std::int64_t count) {

@@ -20,10 +20,11 @@ struct ArrayOffsets {
   int exp_avg_sq = 0;
   int grad = 0;
   int bf16 = 0;
+  int grad_bf16 = 0;
 };
 
 // Offsets that put every array at a different misalignment (none 64-, 32- or 16-byte aligned).
-inline constexpr ArrayOffsets kUnaligned = {1, 3, 6, 5, 7};
+inline constexpr ArrayOffsets kUnaligned = {1, 3, 6, 5, 7, 3};
 
 // Owns the storage of one AdamSpan. Not copyable (the span points into it).
 class AdamBuffers {
@@ -38,9 +39,11 @@ class AdamBuffers {
   float* exp_avg_sq() { return exp_avg_sq_; }
   float* grad() { return grad_; }
   std::uint16_t* bf16() { return bf16_; }
+  std::uint16_t* grad_bf16() { return grad_bf16_; }
 
-  // The span over all `count` elements; param_bf16 only when `with_bf16`.
-  AdamSpan Span(bool with_bf16);
+  // The span over all `count` elements; param_bf16 only when `with_bf16`; the gradient from
+  // grad_bf16() when `bf16_grad`, else from grad().
+  AdamSpan Span(bool with_bf16, bool bf16_grad = false);
 
   // Random optimizer state from `seed`: params of magnitude 0.05..1 with a few zeros and
   // denormals, m around 0, v >= 0 with some zeros; bf16 set to 0xdead.
@@ -48,20 +51,27 @@ class AdamBuffers {
   // Random gradients from `seed`, mostly N(0, 1) times 10^U(-4, 1), with zeros of both signs,
   // denormals and a few huge values (whose squares overflow v to +inf).
   void FillGrad(std::uint64_t seed);
+  // bf16 gradients from `seed` into grad_bf16(), and their exact fp32 values into grad() (so the
+  // fp32 path on grad() is the reference for the bf16 path): FillGrad's distribution rounded to
+  // bf16, with bf16 subnormals, zeros of both signs and huge values; when `non_finite`, also
+  // infinities of both signs and NaNs (quiet and signalling payloads, both signs).
+  void FillGradBf16(std::uint64_t seed, bool non_finite);
   // Copies every array's contents (not the padding) from `other` (same count).
   void CopyFrom(AdamBuffers& other);
-  // Copies only the gradients from `other` (same count).
+  // Copies only the gradients, fp32 and bf16, from `other` (same count).
   void CopyGradFrom(AdamBuffers& other);
 
  private:
   std::int64_t count_;
   std::vector<float> storage_;
   std::vector<std::uint16_t> bf16_storage_;
+  std::vector<std::uint16_t> grad_bf16_storage_;
   float* param_;
   float* exp_avg_;
   float* exp_avg_sq_;
   float* grad_;
   std::uint16_t* bf16_;
+  std::uint16_t* grad_bf16_;
 };
 
 // Index of the first element whose bits differ, or -1.

@@ -2,10 +2,13 @@
 // adam_kernel.cu. Checks run before anything is enqueued, so a rejected call changes nothing.
 #include "lib/optim/cuda/adam_kernel.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "lib/backend/cuda/cuda_status.h"
+#include "lib/base/status_macros.h"
 #include "lib/optim/adam_kernels.h"
 #include "lib/optim/cuda/adam_kernel_internal.h"
 
@@ -29,6 +32,28 @@ absl::Status CheckCount(const char* what, std::int64_t count) {
   if (count < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": count must be >= 0, got ", count));
+  }
+  return absl::OkStatus();
+}
+
+// The conversions' checks: count >= 0, and for count > 0 non-null, non-overlapping arrays of
+// `in_size`- and `out_size`-byte elements.
+absl::Status CheckConversion(const char* what, const void* in, std::int64_t in_size,
+                             const void* out, std::int64_t out_size, std::int64_t count) {
+  if (absl::Status status = CheckCount(what, count); !status.ok()) return status;
+  if (count == 0) return absl::OkStatus();
+  if (count > std::numeric_limits<std::int64_t>::max() / 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": count = ", count, " is too large to address"));
+  }
+  if (in == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null ",
+                                                   in == nullptr ? "input" : "output",
+                                                   " pointer (", count, " elements)"));
+  }
+  if (Overlap(in, count * in_size, out, count * out_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": input and output overlap (", count, " elements)"));
   }
   return absl::OkStatus();
 }
@@ -58,60 +83,33 @@ absl::Status SumOfSquares(const void* x, bool bf16, std::int64_t count, double* 
 
 absl::Status LaunchAdamUpdate(const AdamStepScalars& scalars, const AdamSpan& device_span,
                               cudaStream_t stream) {
-  if (absl::Status status = CheckCount("LaunchAdamUpdate", device_span.count); !status.ok()) {
-    return status;
-  }
+  // The host's checks are pointer arithmetic only, so they hold for device pointers too.
+  PO_RETURN_IF_ERROR(Annotate(CheckAdamSpan(device_span), "LaunchAdamUpdate"));
   if (device_span.count == 0) return absl::OkStatus();
-  const char* missing = device_span.param == nullptr        ? "param"
-                        : device_span.exp_avg == nullptr    ? "exp_avg"
-                        : device_span.exp_avg_sq == nullptr ? "exp_avg_sq"
-                        : device_span.grad == nullptr       ? "grad"
-                                                            : nullptr;
-  if (missing != nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LaunchAdamUpdate: null ", missing, " pointer (", device_span.count,
-                     " elements)"));
-  }
-  const std::int64_t n = device_span.count;
-  const struct {
-    const char* name;
-    const void* ptr;
-    std::int64_t bytes;
-  } arrays[] = {{"param", device_span.param, n * 4},
-                {"exp_avg", device_span.exp_avg, n * 4},
-                {"exp_avg_sq", device_span.exp_avg_sq, n * 4},
-                {"grad", device_span.grad, n * 4},
-                {"param_bf16", device_span.param_bf16, n * 2}};
-  for (int i = 0; i < 5; ++i) {
-    for (int j = i + 1; j < 5; ++j) {
-      if (Overlap(arrays[i].ptr, arrays[i].bytes, arrays[j].ptr, arrays[j].bytes)) {
-        return absl::InvalidArgumentError(absl::StrCat("LaunchAdamUpdate: ", arrays[i].name,
-                                                       " and ", arrays[j].name, " overlap (",
-                                                       n, " elements)"));
-      }
-    }
-  }
   const internal::AdamKernelArgs args{
       scalars.grad_scale,      scalars.weight_decay,   scalars.beta1,
       scalars.one_minus_beta1, scalars.beta2,          scalars.one_minus_beta2,
       scalars.decay_factor,    scalars.inv_sqrt_bias_correction2,
       scalars.epsilon,         scalars.step_size,      device_span.param,
       device_span.exp_avg,     device_span.exp_avg_sq, device_span.grad,
-      device_span.param_bf16,  device_span.count};
+      device_span.param_bf16,  device_span.count,      device_span.grad_bf16};
   PO_CUDA_RETURN_IF_ERROR(internal::LaunchAdamKernel(args, stream));
   return absl::OkStatus();
 }
 
 absl::Status LaunchBf16ToFp32(const std::uint16_t* in, float* out, std::int64_t count,
                               cudaStream_t stream) {
-  if (absl::Status status = CheckCount("LaunchBf16ToFp32", count); !status.ok()) return status;
+  PO_RETURN_IF_ERROR(CheckConversion("LaunchBf16ToFp32", in, 2, out, 4, count));
   if (count == 0) return absl::OkStatus();
-  if (in == nullptr || out == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("LaunchBf16ToFp32: null ",
-                                                   in == nullptr ? "input" : "output",
-                                                   " pointer (", count, " elements)"));
-  }
   PO_CUDA_RETURN_IF_ERROR(internal::LaunchBf16ToFp32Kernel(in, out, count, stream));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchFp32ToBf16(const float* in, std::uint16_t* out, std::int64_t count,
+                              cudaStream_t stream) {
+  PO_RETURN_IF_ERROR(CheckConversion("LaunchFp32ToBf16", in, 4, out, 2, count));
+  if (count == 0) return absl::OkStatus();
+  PO_CUDA_RETURN_IF_ERROR(internal::LaunchFp32ToBf16Kernel(in, out, count, stream));
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
-// The fused Adam kernel, the bf16 -> fp32 upcast and the deterministic sum of squares
-// (adam_kernel.h). The Adam kernel's argument is the CPU kernels' KernelScalars + KernelSpan
+// The fused Adam kernel (fp32 or bf16 gradients), the bf16 <-> fp32 conversions and the
+// deterministic sum of squares (adam_kernel.h). The Adam kernel's argument is the CPU kernels'
+// KernelScalars + KernelSpan
 // (adam_kernel_internal.h). Bitwise parity with AdamUpdateScalar rests on three things:
 //  - every multiply and add is an explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn),
 //    which nvcc never contracts into an FMA (a plain `a * b + c` it would);
@@ -49,15 +50,45 @@ __device__ __forceinline__ void AdamElement(const AdamKernelArgs& a, float& p, f
   p = __fsub_rn(p, __fmul_rn(a.step_size, __fdiv_rn(m, d)));
 }
 
-template <bool kL2, bool kDecoupled>
+// Element i of an fp32 or bf16 array as fp32: as stored, or the exact bf16 upcast (bits << 16).
+__device__ __forceinline__ float Load(const float* x, std::int64_t i) { return x[i]; }
+__device__ __forceinline__ float Load(const std::uint16_t* x, std::int64_t i) {
+  return __uint_as_float(static_cast<std::uint32_t>(x[i]) << 16);
+}
+
+// Elements 4q .. 4q + 3 as fp32 through one 16-byte (fp32) or 8-byte (bf16) load.
+__device__ __forceinline__ float4 Load4(const float* x, std::int64_t q) {
+  return reinterpret_cast<const float4*>(x)[q];
+}
+__device__ __forceinline__ float4 Load4(const std::uint16_t* x, std::int64_t q) {
+  const uint2 pairs = reinterpret_cast<const uint2*>(x)[q];
+  return make_float4(__uint_as_float(pairs.x << 16), __uint_as_float(pairs.x & 0xFFFF0000u),
+                     __uint_as_float(pairs.y << 16), __uint_as_float(pairs.y & 0xFFFF0000u));
+}
+
+// The span's gradient array of type Grad (the launcher picks the one that is set).
+template <typename Grad>
+__device__ __forceinline__ const Grad* GradOf(const AdamKernelArgs& a);
+template <>
+__device__ __forceinline__ const float* GradOf<float>(const AdamKernelArgs& a) {
+  return a.grad;
+}
+template <>
+__device__ __forceinline__ const std::uint16_t* GradOf<std::uint16_t>(const AdamKernelArgs& a) {
+  return a.grad_bf16;
+}
+
+// `Grad`: float or std::uint16_t (bf16 bits), chosen per launch.
+template <bool kL2, bool kDecoupled, typename Grad>
 __global__ void AdamScalarKernel(AdamKernelArgs a) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const Grad* grad = GradOf<Grad>(a);
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < a.count; i += stride) {
     float p = a.param[i];
     float m = a.exp_avg[i];
     float v = a.exp_avg_sq[i];
-    AdamElement<kL2, kDecoupled>(a, p, m, v, a.grad[i]);
+    AdamElement<kL2, kDecoupled>(a, p, m, v, Load(grad, i));
     a.param[i] = p;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;
@@ -65,9 +96,10 @@ __global__ void AdamScalarKernel(AdamKernelArgs a) {
   }
 }
 
-// Four elements per thread and iteration through 16-byte loads (8-byte bf16 stores); the last
-// count % 4 elements go through the scalar body. REQUIRES the alignment VectorAligned checks.
-template <bool kL2, bool kDecoupled>
+// Four elements per thread and iteration through 16-byte loads (8-byte bf16 loads and stores);
+// the last count % 4 elements go through the scalar body. REQUIRES the alignment VectorAligned
+// checks.
+template <bool kL2, bool kDecoupled, typename Grad>
 __global__ void AdamVectorKernel(AdamKernelArgs a) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -75,13 +107,13 @@ __global__ void AdamVectorKernel(AdamKernelArgs a) {
   float4* param4 = reinterpret_cast<float4*>(a.param);
   float4* m4 = reinterpret_cast<float4*>(a.exp_avg);
   float4* v4 = reinterpret_cast<float4*>(a.exp_avg_sq);
-  const float4* grad4 = reinterpret_cast<const float4*>(a.grad);
+  const Grad* grad = GradOf<Grad>(a);
   uint2* bf16x4 = reinterpret_cast<uint2*>(a.param_bf16);
   for (std::int64_t q = first; q < quads; q += stride) {
     float4 p = param4[q];
     float4 m = m4[q];
     float4 v = v4[q];
-    const float4 g = grad4[q];
+    const float4 g = Load4(grad, q);
     AdamElement<kL2, kDecoupled>(a, p.x, m.x, v.x, g.x);
     AdamElement<kL2, kDecoupled>(a, p.y, m.y, v.y, g.y);
     AdamElement<kL2, kDecoupled>(a, p.z, m.z, v.z, g.z);
@@ -98,7 +130,7 @@ __global__ void AdamVectorKernel(AdamKernelArgs a) {
     float p = a.param[i];
     float m = a.exp_avg[i];
     float v = a.exp_avg_sq[i];
-    AdamElement<kL2, kDecoupled>(a, p, m, v, a.grad[i]);
+    AdamElement<kL2, kDecoupled>(a, p, m, v, Load(grad, i));
     a.param[i] = p;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;
@@ -110,9 +142,10 @@ bool AlignedTo(const void* ptr, std::uintptr_t bytes) {
   return reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0;
 }
 
+// The null pointers (the unused gradient, an absent bf16 copy) pass trivially.
 bool VectorAligned(const AdamKernelArgs& a) {
   return AlignedTo(a.param, 16) && AlignedTo(a.exp_avg, 16) && AlignedTo(a.exp_avg_sq, 16) &&
-         AlignedTo(a.grad, 16) && (a.param_bf16 == nullptr || AlignedTo(a.param_bf16, 8));
+         AlignedTo(a.grad, 16) && AlignedTo(a.grad_bf16, 8) && AlignedTo(a.param_bf16, 8);
 }
 
 __global__ void Bf16ToFp32Kernel(const std::uint16_t* in, float* out, std::int64_t count) {
@@ -123,9 +156,29 @@ __global__ void Bf16ToFp32Kernel(const std::uint16_t* in, float* out, std::int64
   }
 }
 
-__device__ __forceinline__ float Load(const float* x, std::int64_t i) { return x[i]; }
-__device__ __forceinline__ float Load(const std::uint16_t* x, std::int64_t i) {
-  return __uint_as_float(static_cast<std::uint32_t>(x[i]) << 16);
+// fp32 -> bf16 bits with ToBf16 (FloatToBf16Bits' rounding and NaN rule).
+__global__ void Fp32ToBf16Kernel(const float* in, std::uint16_t* out, std::int64_t count) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < count; i += stride) {
+    out[i] = ToBf16(in[i]);
+  }
+}
+
+// The same, four per thread and iteration: a 16-byte load, an 8-byte store; the last count % 4
+// one by one. REQUIRES in 16-byte and out 8-byte aligned.
+__global__ void Fp32ToBf16VectorKernel(const float* in, std::uint16_t* out, std::int64_t count) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t quads = count / 4;
+  const float4* in4 = reinterpret_cast<const float4*>(in);
+  uint2* out4 = reinterpret_cast<uint2*>(out);
+  for (std::int64_t q = first; q < quads; q += stride) {
+    const float4 x = in4[q];
+    out4[q] = make_uint2(ToBf16(x.x) | (static_cast<std::uint32_t>(ToBf16(x.y)) << 16),
+                         ToBf16(x.z) | (static_cast<std::uint32_t>(ToBf16(x.w)) << 16));
+  }
+  for (std::int64_t i = quads * 4 + first; i < count; i += stride) out[i] = ToBf16(in[i]);
 }
 
 // The sum of squares follows CpuAdam::SumOfSquares' recipe exactly (lib/optim/adam_kernels.h),
@@ -174,13 +227,23 @@ __global__ void SumOfBlocksKernel(const double* partials, std::int64_t num_block
   if (threadIdx.x == 0) *result = accumulate ? __dadd_rn(*result, total) : total;
 }
 
-template <bool kL2, bool kDecoupled>
-void LaunchAdamVariant(const AdamKernelArgs& args, cudaStream_t stream) {
+template <bool kL2, bool kDecoupled, typename Grad>
+void LaunchAdamVariantFor(const AdamKernelArgs& args, cudaStream_t stream) {
   if (VectorAligned(args)) {
-    AdamVectorKernel<kL2, kDecoupled>
+    AdamVectorKernel<kL2, kDecoupled, Grad>
         <<<BlocksFor(args.count / 4 + 1), kThreads, 0, stream>>>(args);
   } else {
-    AdamScalarKernel<kL2, kDecoupled><<<BlocksFor(args.count), kThreads, 0, stream>>>(args);
+    AdamScalarKernel<kL2, kDecoupled, Grad><<<BlocksFor(args.count), kThreads, 0, stream>>>(args);
+  }
+}
+
+// The gradient's type is chosen here, once per launch (exactly one of the two is set).
+template <bool kL2, bool kDecoupled>
+void LaunchAdamVariant(const AdamKernelArgs& args, cudaStream_t stream) {
+  if (args.grad_bf16 != nullptr) {
+    LaunchAdamVariantFor<kL2, kDecoupled, std::uint16_t>(args, stream);
+  } else {
+    LaunchAdamVariantFor<kL2, kDecoupled, float>(args, stream);
   }
 }
 
@@ -204,6 +267,16 @@ cudaError_t LaunchAdamKernel(const AdamKernelArgs& args, cudaStream_t stream) {
 cudaError_t LaunchBf16ToFp32Kernel(const std::uint16_t* in, float* out, std::int64_t count,
                                    cudaStream_t stream) {
   Bf16ToFp32Kernel<<<BlocksFor(count), kThreads, 0, stream>>>(in, out, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFp32ToBf16Kernel(const float* in, std::uint16_t* out, std::int64_t count,
+                                   cudaStream_t stream) {
+  if (AlignedTo(in, 16) && AlignedTo(out, 8)) {
+    Fp32ToBf16VectorKernel<<<BlocksFor(count / 4 + 1), kThreads, 0, stream>>>(in, out, count);
+  } else {
+    Fp32ToBf16Kernel<<<BlocksFor(count), kThreads, 0, stream>>>(in, out, count);
+  }
   return cudaGetLastError();
 }
 

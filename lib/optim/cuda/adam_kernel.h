@@ -1,5 +1,5 @@
-// The GPU side of the Adam update (include/pipeoffload/adam.h) and the two helpers the optimizer
-// offload needs around it: the bf16 -> fp32 gradient upcast and a deterministic sum of squares.
+// The GPU side of the Adam update (include/pipeoffload/adam.h) and the helpers the optimizer
+// offloads need around it: bf16 <-> fp32 conversions and a deterministic sum of squares.
 // Launchers only enqueue work on the given stream; none of them synchronizes or allocates.
 // Host-only header (the kernels live in adam_kernel.cu behind adam_kernel_internal.h), so .cc
 // files and the CUDA GPT can include it.
@@ -15,21 +15,33 @@
 
 namespace pipeoffload {
 
-// Enqueues the fused Adam/AdamW update of `device_span` (every pointer a device pointer;
-// param_bf16 may be null) on `stream` and returns at once. Produces the same bits as
-// AdamUpdateScalar on the same inputs: every multiply and add is rounded on its own (no FMA),
-// sqrt and division are correctly rounded, bf16 is round-to-nearest-even with NaN kept.
-// Any alignment works; when param, m, v and grad are 16-byte aligned (and param_bf16 8-byte
-// aligned) the kernel moves four elements per load.
-// REQUIRES: the arrays do not overlap and stay allocated until the work on `stream` is done.
-// Errors: InvalidArgument for a negative count or a null required pointer (nothing enqueued);
-// Internal for a failed launch. count == 0 enqueues nothing.
+// Enqueues the fused Adam/AdamW update of `device_span` (every pointer a device pointer; the
+// gradient in grad (fp32) or grad_bf16 (bf16 bits), param_bf16 may be null) on `stream` and
+// returns at once. Produces the same bits as AdamUpdateScalar on the same inputs wherever the
+// results are not NaN: every multiply and add is rounded on its own (no FMA), sqrt and division
+// are correctly rounded, bf16 is round-to-nearest-even with NaN kept. A NaN result (from a NaN
+// or infinite gradient) is NaN on both, but its bits may differ: x86 propagates an operand's
+// NaN payload, GPU arithmetic produces a canonical NaN.
+// Any alignment works; when param, m, v and grad are 16-byte aligned (grad_bf16 and param_bf16
+// 8-byte aligned) the kernel moves four elements per load.
+// REQUIRES: the arrays stay allocated until the work on `stream` is done.
+// Errors: those of CheckAdamSpan, prefixed "LaunchAdamUpdate" (nothing enqueued); Internal for a
+// failed launch. count == 0 enqueues nothing.
 [[nodiscard]] absl::Status LaunchAdamUpdate(const AdamStepScalars& scalars,
                                             const AdamSpan& device_span, cudaStream_t stream);
 
 // Enqueues out[i] = float(bf16 in[i]) for i < count (exact: a bf16 is a truncated fp32).
-// REQUIRES: device pointers, non-overlapping. Errors as LaunchAdamUpdate.
+// REQUIRES: device pointers. Errors: InvalidArgument for a negative count, a null pointer or
+// overlapping arrays (nothing enqueued); Internal for a failed launch.
 [[nodiscard]] absl::Status LaunchBf16ToFp32(const std::uint16_t* in, float* out,
+                                            std::int64_t count, cudaStream_t stream);
+
+// Enqueues out[i] = FloatToBf16Bits(in[i]) for i < count: round to nearest even (denormals
+// rounded, never flushed; values past the largest bf16 become infinity), NaN -> (bits >> 16) |
+// 0x0040 with sign and top payload bits kept. Any alignment works; with `in` 16-byte and `out`
+// 8-byte aligned it moves four elements per load. REQUIRES: device pointers that stay allocated
+// until the work on `stream` is done. Errors as LaunchBf16ToFp32.
+[[nodiscard]] absl::Status LaunchFp32ToBf16(const float* in, std::uint16_t* out,
                                             std::int64_t count, cudaStream_t stream);
 
 // Elements summed into one partial by LaunchSumOfSquares: CpuAdam's block (lib/optim/

@@ -27,6 +27,10 @@ cudaError_t LaunchAdamKernel(const AdamKernelArgs& args, cudaStream_t stream);
 cudaError_t LaunchBf16ToFp32Kernel(const std::uint16_t* in, float* out, std::int64_t count,
                                    cudaStream_t stream);
 
+// in: (count) fp32; out: (count) bf16 bits, rounded as FloatToBf16Bits. count > 0.
+cudaError_t LaunchFp32ToBf16Kernel(const float* in, std::uint16_t* out, std::int64_t count,
+                                   cudaStream_t stream);
+
 // x: (count) fp32 or bf16 bits (x_is_bf16); partials: (ceil(count / block)) doubles;
 // result: one double. count > 0.
 cudaError_t LaunchSumOfSquaresKernels(const void* x, bool x_is_bf16, std::int64_t count,

@@ -1,0 +1,166 @@
+// PlanSliding: bytes per tier, slot sizing, placement, errors.
+#include <string>
+
+#include "pipeoffload/layer_sliding.h"
+#include "tests/slide/slide_test_shapes.h"
+#include "tests/testing/catch.h"
+
+namespace pipeoffload {
+namespace {
+
+using testing::TestShape;
+
+SlidingOptions Options(std::int64_t budget, int microbatches = 2) {
+  SlidingOptions options;
+  options.gpu_memory_budget_bytes = budget;
+  options.num_microbatches = microbatches;
+  return options;
+}
+
+TEST_CASE("PlanSliding counts every device and host byte of an all-sliding plan", "[slide][plan]") {
+  // 4 layers of 2000, embedding and head of 1000 (fp32), activations of 1 KiB, M = 2.
+  const SlidingModelShape shape = TestShape(4, 1000, 2000, 1000);
+  SlidingOptions options = Options(1 << 30);
+  options.placement.assign(6, UnitPlace::kSliding);
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, options);
+  REQUIRE(plan.ok());
+  // No unit is 1.5x the median: three equal slots of the largest.
+  CHECK(plan->slot_elements == std::vector<std::int64_t>{2000, 2000, 2000});
+  CHECK(plan->device_slot_bytes == 3 * 2 * 8192);      // params + grads, 8000 B rounded to 256
+  CHECK(plan->device_accumulator_bytes == 8192);
+  CHECK(plan->device_activation_bytes == 4 * 2 * 1024);  // act and grad, 2 sets, M = 2
+  CHECK(plan->device_workspace_bytes == 4096);
+  CHECK(plan->device_resident_bytes == 0);
+  CHECK(plan->device_engine_bytes == 256 + 256 + 8 * 256);
+  CHECK(plan->device_model_bytes == 8192);
+  CHECK(plan->device_total_bytes == 80384);
+  // fp32: the master is the upload source (pinned); m, v pageable; two landing buffers of the
+  // largest unit; checkpoints of units 1..3 for 2 microbatches; the per-unit sums.
+  CHECK(plan->host_pageable_bytes == 8 * 10000);
+  CHECK(plan->host_pinned_bytes == 4 * 10000 + 2 * 4 * 2000 + 3 * 2 * 1024 + 8 * 6);
+  CHECK(plan->landing_buffers == 2);
+  CHECK(plan->nvme_bytes == 0);
+  CHECK(plan->resident_units() == 0);
+}
+
+TEST_CASE("PlanSliding makes units resident from the bottom while the budget holds them",
+          "[slide][plan]") {
+  const SlidingModelShape shape = TestShape(4, 1000, 2000, 1000);
+  // The all-sliding plan (80384 B) plus exactly one 1000-element resident unit (params, grads,
+  // m, v: 4 x 4096 B): the embedding goes resident, nothing else fits.
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, Options(80384 + 16384));
+  REQUIRE(plan.ok());
+  CHECK(plan->placement[0] == UnitPlace::kResident);
+  for (int u = 1; u < 6; ++u) CHECK(plan->placement[static_cast<std::size_t>(u)] == UnitPlace::kSliding);
+  CHECK(plan->device_resident_bytes == 16384);
+  CHECK(plan->device_total_bytes == 80384 + 16384);
+  // One byte less: the embedding does not fit, the head (also 1000) neither.
+  const absl::StatusOr<SlidingPlan> tight = PlanSliding(shape, Options(80384 + 16383));
+  REQUIRE(tight.ok());
+  CHECK(tight->resident_units() == 0);
+  // Everything resident: no ring.
+  const absl::StatusOr<SlidingPlan> all = PlanSliding(shape, Options(std::int64_t{1} << 30));
+  REQUIRE(all.ok());
+  CHECK(all->resident_units() == 6);
+  CHECK(all->slot_elements.empty());
+  CHECK(all->host_pageable_bytes == 0);
+}
+
+TEST_CASE("PlanSliding gives an outsized unit a slot of its own", "[slide][plan]") {
+  SlidingOptions options = Options(1 << 30);
+  options.placement.assign(6, UnitPlace::kSliding);
+  const absl::StatusOr<SlidingPlan> plan =
+      PlanSliding(TestShape(4, 6000, 2000, 6000), options);
+  REQUIRE(plan.ok());
+  CHECK(plan->slot_elements == std::vector<std::int64_t>{6000, 2000, 2000, 2000});
+  options.num_slots = 2;
+  const absl::StatusOr<SlidingPlan> two = PlanSliding(TestShape(4, 6000, 2000, 6000), options);
+  REQUIRE(two.ok());
+  CHECK(two->slot_elements == std::vector<std::int64_t>{6000, 2000});
+  options.num_slots = 1;
+  const absl::StatusOr<SlidingPlan> one = PlanSliding(TestShape(4, 6000, 2000, 6000), options);
+  REQUIRE(one.ok());
+  CHECK(one->slot_elements == std::vector<std::int64_t>{6000});
+}
+
+TEST_CASE("PlanSliding keeps a tied head where its embedding is", "[slide][plan]") {
+  const SlidingModelShape shape = TestShape(4, 1000, 2000, 10, /*tied=*/true);
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, Options(1 << 30));
+  REQUIRE(plan.ok());
+  CHECK(plan->placement[0] == plan->placement[5]);
+  SlidingOptions options = Options(1 << 30);
+  options.placement = {UnitPlace::kResident, UnitPlace::kSliding, UnitPlace::kSliding,
+                       UnitPlace::kSliding,  UnitPlace::kSliding, UnitPlace::kSliding};
+  const absl::StatusOr<SlidingPlan> bad = PlanSliding(shape, options);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.status().message()).find("unit 5 (head)") != std::string::npos);
+  // Sliding tied: the head's slot view is its own 10 elements plus the embedding's 1000, and
+  // its borrowed gradients go through a pinned side buffer of 4000 bytes.
+  options.placement.assign(6, UnitPlace::kSliding);
+  const absl::StatusOr<SlidingPlan> sliding = PlanSliding(shape, options);
+  REQUIRE(sliding.ok());
+  CHECK(sliding->host_pinned_bytes ==
+        4 * 9010 + 2 * 4 * 2000 + 3 * 2 * 1024 + 4 * 1000 + 8 * 6);
+}
+
+TEST_CASE("PlanSliding says how much a budget too small for one unit needs", "[slide][plan]") {
+  const SlidingModelShape shape = TestShape(4, 1000, 2000, 1000);
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, Options(1000));
+  REQUIRE(plan.status().code() == absl::StatusCode::kResourceExhausted);
+  const std::string message(plan.status().message());
+  // One slot pair of 2000 fp32 elements instead of three.
+  CHECK(message.find("the minimum, with one slot, is 47616 bytes") != std::string::npos);
+  SlidingOptions at_minimum = Options(47616);
+  at_minimum.num_slots = 1;
+  REQUIRE(PlanSliding(shape, at_minimum).ok());
+}
+
+TEST_CASE("PlanSliding parks gradients when clipping and puts the top units on NVMe",
+          "[slide][plan]") {
+  const SlidingModelShape shape = TestShape(4, 1000, 2000, 1000);
+  SlidingOptions options = Options(1 << 30);
+  options.placement.assign(6, UnitPlace::kSliding);
+  options.max_grad_norm = 1.0;
+  options.nvme_dir = "/tmp";
+  options.nvme_fraction = 0.5;
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, options);
+  REQUIRE(plan.ok());
+  CHECK(plan->landing_buffers == 0);
+  // Half of the 6 sliding units, from the top: head, layer.3, layer.2.
+  CHECK(plan->nvme == std::vector<bool>{false, false, false, true, true, true});
+  CHECK(plan->nvme_bytes == 2 * 4096 + 2 * 8192 + 2 * 8192);
+  // m, v of the NVMe units leave pageable memory; every unit's gradients are parked.
+  CHECK(plan->host_pageable_bytes == 8 * 10000 - 8 * (1000 + 2000 + 2000));
+  CHECK(plan->host_pinned_bytes ==
+        4 * 10000 + 4 * 10000 + 3 * 2 * 1024 + 2 * 2 * 8192 + 8 * 6);
+}
+
+TEST_CASE("PlanSliding rejects bad options by name", "[slide][plan]") {
+  const SlidingModelShape shape = TestShape(2, 100, 100, 100);
+  auto code_and_field = [&](SlidingOptions options, std::string field) {
+    const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, options);
+    CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(plan.status().message()).find(field) != std::string::npos);
+  };
+  code_and_field(Options(0), "gpu_memory_budget_bytes");
+  code_and_field(Options(1 << 20, 0), "num_microbatches");
+  SlidingOptions nvme = Options(1 << 20);
+  nvme.nvme_fraction = 0.5;
+  code_and_field(nvme, "nvme_dir");
+  nvme.nvme_fraction = 1.5;
+  nvme.nvme_dir = "/tmp";
+  code_and_field(nvme, "nvme_fraction");
+  SlidingOptions placement = Options(1 << 20);
+  placement.placement = {UnitPlace::kSliding};
+  code_and_field(placement, "placement");
+  SlidingOptions lr = Options(1 << 20);
+  lr.adam.beta1 = 1.5f;
+  code_and_field(lr, "beta1");
+  SlidingModelShape no_units;
+  no_units.activation_bytes = 4;
+  CHECK(PlanSliding(no_units, Options(1 << 20)).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipeoffload
