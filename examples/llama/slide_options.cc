@@ -164,7 +164,7 @@ const std::vector<FlagDef>& Flags() {
       {"nvme-fraction", "X", "share of the sliding units whose m, v live on NVMe, the top ones "
                              "first (default 0; needs --nvme-dir).",
        Real(&SlideTrainOptions::nvme_fraction, "nvme-fraction", 0.0, 1.0)},
-      {"cpu-threads", "N", "CPU Adam threads (default: every CPU this process may run on).",
+      {"cpu-threads", "N", "CPU Adam threads (default: every CPU but one, which issues the device work).",
        Int(&SlideTrainOptions::cpu_threads, "cpu-threads", 1, 1024)},
       {"ce-chunk", "ROWS", "rows per chunk of the fused linear cross-entropy (default: "
                            "automatic; B*T materialises the logits).",

@@ -253,7 +253,9 @@ absl::StatusOr<SlideTrainSummary> RunSlideTrain(const SlideTrainOptions& o, std:
   sliding.adam.epsilon = o.epsilon;
   sliding.adam.weight_decay = o.weight_decay;
   sliding.max_grad_norm = o.clip;
-  sliding.cpu.threads = o.cpu_threads;
+  // CPU Adam takes every CPU but one: the engine's thread must keep enqueueing device work.
+  sliding.cpu.threads = o.cpu_threads > 0 ? o.cpu_threads
+                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency() - 1));
   sliding.grad_chunk_elements = o.grad_chunk;
   sliding.landing_buffers = o.landing_buffers;
   sliding.nvme_dir = o.nvme_dir;
