@@ -22,23 +22,6 @@ constexpr std::int64_t kIoPieceBytes = std::int64_t{64} << 20;
 
 std::string ErrnoText(int error) { return std::strerror(error); }
 
-absl::Status ErrnoStatus(int error, absl::string_view what, const std::string& path) {
-  const std::string message = absl::StrCat(what, " '", path, "': ", ErrnoText(error));
-  switch (error) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 const char* FileKind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a FIFO";
@@ -49,33 +32,6 @@ const char* FileKind(mode_t mode) {
 }
 
 }  // namespace
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.Release();
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-int UniqueFd::Release() {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
-absl::Status UniqueFd::Close(const std::string& path) {
-  if (fd_ < 0) return absl::OkStatus();
-  // POSIX leaves the descriptor state unspecified after EINTR; Linux always frees it, so a
-  // retry could close someone else's descriptor. Never retry.
-  const int result = ::close(Release());
-  if (result != 0) return ErrnoStatus(errno, "cannot close", path);
-  return absl::OkStatus();
-}
 
 absl::StatusOr<ReadOnlyFile> OpenRegularFile(const std::string& path, std::string_view what,
                                              std::int64_t max_bytes) {

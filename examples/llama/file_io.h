@@ -12,30 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "lib/base/unique_fd.h"
 
 namespace pipeoffload::llama {
-
-// Owns a file descriptor; closes it on destruction (a close error there is ignored: the file
-// was only read, or the writer already checked fsync/close through Close()).
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release();
-  // close(2) with its result: Internal naming `path` when it fails (a write may be lost).
-  [[nodiscard]] absl::Status Close(const std::string& path);
-
- private:
-  int fd_ = -1;
-};
 
 // A regular file opened read-only, with its size at open time.
 struct ReadOnlyFile {

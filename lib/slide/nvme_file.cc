@@ -18,20 +18,6 @@
 
 namespace pipeoffload::internal {
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    fd_ = other.Release();
-  }
-  return *this;
-}
-
-void UniqueFd::Reset() {
-  // close() may fail with EINTR after having closed the descriptor (Linux), so never retry it.
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 std::string ErrnoText(std::string_view what, int error) {
   return absl::StrCat(std::string(what), ": ", std::strerror(error), " (errno ", error, ")");
 }

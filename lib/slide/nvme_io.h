@@ -17,32 +17,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "lib/base/unique_fd.h"
 #include "lib/slide/nvme_store.h"
 
 namespace pipeoffload::internal {
-
-// Owns a file descriptor; closes it (ignoring errors: nothing is left to flush) on destruction.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { Reset(); }
-
-  int get() const { return fd_; }
-  int Release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void Reset();
-
- private:
-  int fd_ = -1;
-};
 
 // "<what>: <strerror(error)> (errno <error>)".
 std::string ErrnoText(std::string_view what, int error);
