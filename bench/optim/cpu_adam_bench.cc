@@ -12,17 +12,23 @@
 //    for the bf16 copy = 30 or 28. Write-allocate reads of the bf16 array are not counted (as
 //    STREAM does not). Rows with bf16 gradients are named "... bf16-grad". Reported as params/s,
 //    GB/s and % of the adam-shaped pass at the same thread count.
+//    With --master=split (or fp32,split) also the split master (AdamSpan::param_lo: the fp32
+//    master kept as its bf16 high half, which is the bf16 copy, and its low half): read hi, lo,
+//    m, v (12) + the gradient + write hi, lo, m, v (12) = 28 (fp32 gradient) or 26 (bf16) B per
+//    param, rows named "cpu_adam-<isa>+split". These rows ignore --bf16 (their hi is the copy).
 // Every figure is the median of --reps timed runs after --warmup untimed ones. GB/s = 1e9 B/s.
 //
 // Flags: --params=N (2^24; --big: 2^28 = 4.3 GB of state + 0.5 GB bf16)
 //        --threads=sweep|all|1,2,4 (sweep: 1, 2, 4, ... and every CPU we may use)
 //        --isas=scalar,avx2,avx512 (default: every one this CPU runs)
-//        --bf16=both|on|off (both)  --grad=fp32,bf16 (both)  --reps=N (5)  --warmup=N (1)
+//        --bf16=both|on|off (both)  --grad=fp32,bf16 (both)  --master=fp32,split (fp32)
+//        --reps=N (5)  --warmup=N (1)
 //        --json=PATH (also write the results as JSON)  --no-stream  --smoke (2^16, 1 rep)
 //        --prefetch=0,1024,...: CpuAdamOptions::prefetch_bytes values to measure (-1: by CPU
 //          vendor; rows name the distance used when it is not 0)
 //        --skew=P,M,V,G,B: where each array starts, in cache lines past a page boundary
-//          (default 0,13,26,39,52; 0,0,0,0,0 shows what same-offset arrays cost)
+//          (default 0,13,26,39,52; 0,0,0,0,0 shows what same-offset arrays cost; a split
+//          master's lo takes P's, its hi B's)
 // Prints a markdown table (with date, CPU and command) on stdout.
 #include <sys/mman.h>
 
@@ -55,11 +61,13 @@ constexpr double kTriadBytes = 12.0;        // per element: b, c read; a written
 constexpr double kAdamShapedBytes = 28.0;   // per element: p, m, v, g read; p, m, v written
 constexpr double kAdamBytes = 28.0;         // per param, without the bf16 copy
 constexpr double kAdamBf16Bytes = 30.0;     // per param, with it
+constexpr double kAdamSplitBytes = 28.0;    // per param, split master: hi, lo, m, v, g
 constexpr double kBf16GradSaving = 2.0;     // per param: a bf16 gradient is 2 B instead of 4
 
-// Bytes per param of one CpuAdam row.
-double AdamBytes(bool with_bf16, bool bf16_grad) {
-  return (with_bf16 ? kAdamBf16Bytes : kAdamBytes) - (bf16_grad ? kBf16GradSaving : 0.0);
+// Bytes per param of one CpuAdam row (`split`: a split master, whose hi is the bf16 copy).
+double AdamBytes(bool with_bf16, bool bf16_grad, bool split = false) {
+  const double base = split ? kAdamSplitBytes : with_bf16 ? kAdamBf16Bytes : kAdamBytes;
+  return base - (bf16_grad ? kBf16GradSaving : 0.0);
 }
 
 struct Flags {
@@ -68,6 +76,7 @@ struct Flags {
   std::vector<CpuIsa> isas;
   std::string bf16 = "both";
   std::vector<bool> bf16_grads = {false, true};  // --grad: fp32 and/or bf16 gradients
+  std::vector<bool> split_masters = {false};     // --master: fp32 and/or split masters
   int reps = 5;
   int warmup = 1;
   std::string json_path;
@@ -81,7 +90,8 @@ struct Flags {
   std::fprintf(stderr,
                "cpu_adam_bench: %s\nusage: cpu_adam_bench [--params=N | --big] "
                "[--threads=sweep|all|1,2,4] [--isas=scalar,avx2,avx512] [--bf16=both|on|off] "
-               "[--grad=fp32,bf16] [--reps=5] [--warmup=1] [--json=PATH] [--no-stream] [--smoke] "
+               "[--grad=fp32,bf16] [--master=fp32,split] [--reps=5] [--warmup=1] [--json=PATH] "
+               "[--no-stream] [--smoke] "
                "[--skew=P,M,V,G,B] [--prefetch=0,1024]\n",
                message.c_str());
   std::exit(2);
@@ -132,6 +142,15 @@ Flags ParseFlags(int argc, char** argv) {
         flags.bf16_grads.push_back(item == "bf16");
       }
       if (flags.bf16_grads.empty()) Usage("--grad names no gradient type");
+    } else if (name == "--master") {
+      flags.split_masters.clear();
+      for (const std::string& item : bench::SplitList(value)) {
+        if (item != "fp32" && item != "split") {
+          Usage("--master wants fp32, split or fp32,split");
+        }
+        flags.split_masters.push_back(item == "split");
+      }
+      if (flags.split_masters.empty()) Usage("--master names no master type");
     } else if (name == "--reps") {
       flags.reps = static_cast<int>(ParseInt(name, value, 1));
     } else if (name == "--warmup") {
@@ -237,15 +256,19 @@ double MedianSeconds(const Flags& flags, const std::function<void()>& run) {
 
 struct State {
   // `skews`: each array's start, in cache lines past a page boundary; the bf16 gradients take
-  // g's (a run reads one of the two). They are allocated only when `bf16_grads`.
-  State(std::int64_t n, const std::vector<int>& skews, bool bf16_grads)
+  // g's (a run reads one of the two), a split master's low halves p's (its runs do not read p;
+  // bf16 holds its high halves). They are allocated only when `bf16_grads` / `split`.
+  State(std::int64_t n, const std::vector<int>& skews, bool bf16_grads, bool split)
       : count(n), p(n, skews[0]), m(n, skews[1]), v(n, skews[2]), g(n, skews[3]),
-        bf16(n, skews[4]), g_bf16(bf16_grads ? n : 0, skews[3]), has_g_bf16(bf16_grads) {}
+        bf16(n, skews[4]), g_bf16(bf16_grads ? n : 0, skews[3]), lo(split ? n : 0, skews[0]),
+        has_g_bf16(bf16_grads), has_lo(split) {}
   std::int64_t count;
   Array<float> p, m, v, g;
   Array<std::uint16_t> bf16;
   Array<std::uint16_t> g_bf16;
+  Array<std::uint16_t> lo;
   bool has_g_bf16;
+  bool has_lo;
 };
 
 // Adam-like values (no denormals: they would slow some CPUs down), written by the threads
@@ -260,6 +283,13 @@ void Fill(WorkerPool& pool, State& s) {
       s.g[i] = x * 3e-2f + 1e-3f;
       s.bf16[i] = 0;
       if (s.has_g_bf16) s.g_bf16[i] = FloatToBf16Bits(s.g[i]);
+      if (s.has_lo) {
+        // The split master p, its hi in bf16 (the +bf16 rows overwrite it with their p rounded
+        // to nearest even: joined with any lo, that is within a bf16 ulp of p, still Adam-like).
+        const SplitBf16 halves = SplitMaster(x);
+        s.bf16[i] = halves.hi;
+        s.lo[i] = halves.lo;
+      }
     }
   });
 }
@@ -320,8 +350,9 @@ StreamRow MeasureStream(const Flags& flags, int threads, State& s) {
 struct AdamRow {
   CpuIsa isa = CpuIsa::kScalar;
   int threads = 0;
-  bool bf16 = false;
+  bool bf16 = false;  // a bf16 copy written (always, for a split master: its hi)
   bool bf16_grad = false;
+  bool split = false;
   int prefetch = 0;
   double seconds = 0.0;
   double params_per_s = 0.0;
@@ -330,7 +361,7 @@ struct AdamRow {
 };
 
 AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16, bool bf16_grad,
-                    int prefetch, State& s) {
+                    bool split, int prefetch, State& s) {
   CpuAdamOptions options;
   options.threads = threads;
   options.isa = isa;
@@ -351,13 +382,18 @@ AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16,
   span.exp_avg_sq = s.v.data;
   span.grad = bf16_grad ? nullptr : s.g.data;
   span.grad_bf16 = bf16_grad ? s.g_bf16.data : nullptr;
-  span.param_bf16 = with_bf16 ? s.bf16.data : nullptr;
+  span.param_bf16 = with_bf16 || split ? s.bf16.data : nullptr;
+  if (split) {
+    span.param = nullptr;
+    span.param_lo = s.lo.data;
+  }
   span.count = s.count;
   AdamRow row;
   row.isa = isa;
   row.threads = threads;
-  row.bf16 = with_bf16;
+  row.bf16 = with_bf16 || split;
   row.bf16_grad = bf16_grad;
+  row.split = split;
   row.prefetch = (*cpu_adam)->prefetch_bytes();
   row.seconds = MedianSeconds(flags, [&] {
     const absl::Status status = (*cpu_adam)->Update(*scalars, span);
@@ -367,7 +403,7 @@ AdamRow MeasureAdam(const Flags& flags, CpuIsa isa, int threads, bool with_bf16,
     }
   });
   row.params_per_s = static_cast<double>(s.count) / row.seconds;
-  row.gbs = row.params_per_s * AdamBytes(with_bf16, bf16_grad) / 1e9;
+  row.gbs = row.params_per_s * AdamBytes(with_bf16, bf16_grad, split) / 1e9;
   return row;
 }
 
@@ -401,20 +437,22 @@ int Main(int argc, char** argv) {
 
   const bool any_bf16_grad =
       std::find(flags.bf16_grads.begin(), flags.bf16_grads.end(), true) != flags.bf16_grads.end();
-  State state(flags.params, flags.skews, any_bf16_grad);
+  const bool any_split = std::find(flags.split_masters.begin(), flags.split_masters.end(),
+                                   true) != flags.split_masters.end();
+  State state(flags.params, flags.skews, any_bf16_grad, any_split);
   WorkerPool fill_pool(max_threads);
   Fill(fill_pool, state);
 
-  // p, m, v, g and bf16 (18 B/param), + 2 for the bf16 gradients.
-  const double state_gb =
-      static_cast<double>(flags.params) * (any_bf16_grad ? 20.0 : 18.0) / 1e9;
+  // p, m, v, g and bf16 (18 B/param), + 2 for the bf16 gradients, + 2 for a split master's lo.
+  const double state_gb = static_cast<double>(flags.params) *
+                          (18.0 + (any_bf16_grad ? 2.0 : 0.0) + (any_split ? 2.0 : 0.0)) / 1e9;
   std::printf("## cpu_adam_bench, %s\n\n", UtcNow().c_str());
   std::printf("CPU: %s; %d CPUs usable; best ISA %s. Command: `%s`\n\n", CpuModel().c_str(), all,
               std::string(CpuIsaName(BestCpuIsa())).c_str(), flags.command.c_str());
-  std::printf("%lld params (%.2f GB of p, m, v, g%s and bf16); median of %d reps after %d "
+  std::printf("%lld params (%.2f GB of p, m, v, g%s%s and bf16); median of %d reps after %d "
               "warm-up.\n\n",
-              static_cast<long long>(flags.params), state_gb,
-              any_bf16_grad ? ", bf16 g" : "", flags.reps, flags.warmup);
+              static_cast<long long>(flags.params), state_gb, any_bf16_grad ? ", bf16 g" : "",
+              any_split ? ", split lo" : "", flags.reps, flags.warmup);
 
   std::vector<StreamRow> stream;
   if (flags.stream) {
@@ -430,24 +468,34 @@ int Main(int argc, char** argv) {
     Fill(fill_pool, state);  // the passes above left arbitrary values
   }
 
-  // (bf16 copy, bf16 gradient) combinations, in the order they are measured.
-  std::vector<std::pair<bool, bool>> modes;
-  for (const bool with_bf16 : {true, false}) {
-    if (flags.bf16 == (with_bf16 ? "off" : "on")) continue;
-    for (const bool bf16_grad : flags.bf16_grads) modes.emplace_back(with_bf16, bf16_grad);
+  // (bf16 copy, bf16 gradient, split master) combinations, in the order they are measured. A
+  // split master always writes its bf16 copy (hi): --bf16 does not apply to it.
+  struct Mode {
+    bool with_bf16;
+    bool bf16_grad;
+    bool split;
+  };
+  std::vector<Mode> modes;
+  for (const bool split : flags.split_masters) {
+    for (const bool with_bf16 : {true, false}) {
+      if (split && !with_bf16) continue;
+      if (!split && flags.bf16 == (with_bf16 ? "off" : "on")) continue;
+      for (const bool bf16_grad : flags.bf16_grads) modes.push_back({with_bf16, bf16_grad, split});
+    }
   }
   std::printf("B/param: p, m, v read and written (24) + the gradient read (4 fp32, 2 in rows "
-              "named bf16-grad) + the bf16 copy written (2, rows named +bf16); write-allocate "
-              "reads not counted.\n\n");
+              "named bf16-grad) + the bf16 copy written (2, rows named +bf16); a split master "
+              "(rows named +split) reads and writes hi, lo, m, v (24) + the gradient; "
+              "write-allocate reads not counted.\n\n");
   std::printf("| kernel | threads | params | B/param | median ms | G params/s | GB/s | "
               "%% of adam-shaped |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::vector<AdamRow> rows;
   for (CpuIsa isa : flags.isas) {
-    for (const auto& [with_bf16, bf16_grad] : modes) {
+    for (const auto& [with_bf16, bf16_grad, split] : modes) {
       for (int prefetch : flags.prefetch) {
         for (int t : thread_counts) {
-          AdamRow row = MeasureAdam(flags, isa, t, with_bf16, bf16_grad, prefetch, state);
+          AdamRow row = MeasureAdam(flags, isa, t, with_bf16, bf16_grad, split, prefetch, state);
           for (const StreamRow& s : stream) {
             if (s.threads == t) row.pct_of_stream = 100.0 * row.gbs / s.adam_shaped_gbs;
           }
@@ -457,14 +505,15 @@ int Main(int argc, char** argv) {
           }
           char name[64];
           std::snprintf(name, sizeof(name), "cpu_adam-%s%s%s",
-                        std::string(CpuIsaName(isa)).c_str(), with_bf16 ? "+bf16" : "",
+                        std::string(CpuIsaName(isa)).c_str(),
+                        split ? "+split" : with_bf16 ? "+bf16" : "",
                         bf16_grad ? " bf16-grad" : "");
           if (row.prefetch > 0) {
             const std::string base = name;
             std::snprintf(name, sizeof(name), "%s pf%d", base.c_str(), row.prefetch);
           }
           std::printf("| %s | %d | %lld | %.0f | %.2f | %.3f | %.1f | %s |\n", name, t,
-                      static_cast<long long>(flags.params), AdamBytes(with_bf16, bf16_grad),
+                      static_cast<long long>(flags.params), AdamBytes(with_bf16, bf16_grad, split),
                       row.seconds * 1e3, row.params_per_s / 1e9, row.gbs, percent);
           std::fflush(stdout);
           rows.push_back(row);
@@ -486,7 +535,9 @@ int Main(int argc, char** argv) {
     out["bytes_per_param"] = {{"adam", AdamBytes(false, false)},
                               {"adam_bf16", AdamBytes(true, false)},
                               {"adam_bf16_grad", AdamBytes(false, true)},
-                              {"adam_bf16_bf16_grad", AdamBytes(true, true)}};
+                              {"adam_bf16_bf16_grad", AdamBytes(true, true)},
+                              {"adam_split", AdamBytes(true, false, true)},
+                              {"adam_split_bf16_grad", AdamBytes(true, true, true)}};
     out["stream"] = json::array();
     for (const StreamRow& s : stream) {
       out["stream"].push_back({{"threads", s.threads},
@@ -499,7 +550,8 @@ int Main(int argc, char** argv) {
                              {"threads", r.threads},
                              {"bf16", r.bf16},
                              {"grad", r.bf16_grad ? "bf16" : "fp32"},
-                             {"bytes_per_param", AdamBytes(r.bf16, r.bf16_grad)},
+                             {"master", r.split ? "split" : "fp32"},
+                             {"bytes_per_param", AdamBytes(r.bf16, r.bf16_grad, r.split)},
                              {"prefetch_bytes", r.prefetch},
                              {"median_s", r.seconds},
                              {"params_per_s", r.params_per_s},

@@ -11,10 +11,6 @@
 namespace pipeoffload::llama {
 namespace {
 
-absl::Status BadCall(const UnitCall& call, const char* what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("llama cpu model: unit ", call.unit, " mb ", call.mb, ": ", what));
-}
 
 }  // namespace
 
@@ -111,36 +107,7 @@ absl::Status LlamaCpuModel::BeginStep(std::int64_t step, int num_microbatches) {
 }
 
 absl::Status LlamaCpuModel::CheckCall(const UnitCall& call, bool backward) const {
-  const int num_units = NumUnits(config_);
-  if (num_microbatches_ == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("llama cpu model: unit ", call.unit, " mb ",
-                                                      call.mb, ": called before BeginStep"));
-  }
-  if (call.unit < 0 || call.unit >= num_units) {
-    return BadCall(call, "unit out of range");
-  }
-  if (!backward && call.unit == num_units - 1) {
-    return BadCall(call, "the head has no Forward (its forward runs inside Backward)");
-  }
-  if (call.num_microbatches != num_microbatches_) {
-    return BadCall(call, "num_microbatches differs from BeginStep's");
-  }
-  if (call.mb < 0 || call.mb >= num_microbatches_) return BadCall(call, "mb out of range");
-  if (call.params == nullptr) return BadCall(call, "null params");
-  if (call.unit > 0 && call.input == nullptr) return BadCall(call, "null input");
-  if (shape_.units[call.unit].workspace_bytes > 0 && call.workspace == nullptr) {
-    return BadCall(call, "null workspace");
-  }
-  if (!backward) {
-    if (call.output == nullptr) return BadCall(call, "null output");
-    return absl::OkStatus();
-  }
-  if (call.unit < num_units - 1 && call.grad_output == nullptr) {
-    return BadCall(call, "null grad_output");
-  }
-  if (call.unit > 0 && call.grad_input == nullptr) return BadCall(call, "null grad_input");
-  if (call.grad_accum == nullptr) return BadCall(call, "null grad_accum");
-  return absl::OkStatus();
+  return CheckUnitCall(shape_, call, backward, num_microbatches_, "llama cpu model");
 }
 
 absl::Status LlamaCpuModel::Forward(const UnitCall& call) {

@@ -1,9 +1,14 @@
 // slide_train's flags: one table drives the parser and --help (examples/common/flags.h).
 #include "examples/llama/slide_options.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "examples/common/flags.h"
+#include "examples/llama/llama_config.h"
 #include "lib/base/status_macros.h"
 
 namespace pipeoffload::llama {
@@ -53,6 +58,9 @@ const std::vector<FlagDef>& Flags() {
        "default tiny). The values are the models' Hugging Face config.json ones.",
        [](SlideTrainOptions& o, const std::string& v) -> absl::Status {
          if (v.empty()) return examples::BadFlagValue("model", "a model name", v);
+         if (const absl::StatusOr<LlamaConfig> known = LlamaConfigByName(v); !known.ok()) {
+           return absl::InvalidArgumentError(absl::StrCat("--model: ", known.status().message()));
+         }
          o.model = v;
          o.model_given = true;
          return absl::OkStatus();
@@ -83,7 +91,11 @@ const std::vector<FlagDef>& Flags() {
        "auto (default: llm.c header if present, else bytes) | bytes | u16 | u32 (raw "
        "little-endian ids, nanoGPT's .bin) | llmc (llm.c's 256-int32 header).",
        [](SlideTrainOptions& o, const std::string& v) -> absl::Status {
-         PO_ASSIGN_OR_RETURN(o.data_format, ParseDataFormat(v));
+         const absl::StatusOr<DataFormat> format = ParseDataFormat(v);
+         if (!format.ok()) {
+           return examples::BadFlagValue("data-format", "auto, bytes, u16, u32 or llmc", v);
+         }
+         o.data_format = *format;
          return absl::OkStatus();
        }},
       {"data-seed", "N", "seed of the microbatch sampling (default 1).",
@@ -98,7 +110,7 @@ const std::vector<FlagDef>& Flags() {
       {"steps", "N", "optimizer steps (default 20).", Int(&SlideTrainOptions::steps, "steps", 1, kIntMax)},
       // --- optimizer ---
       {"lr", "X", "peak learning rate (default 3e-4).", Real(&SlideTrainOptions::lr, "lr", 0.0, 10.0)},
-      {"min-lr", "X", "the cosine schedule ends here at the last step (default 3e-5; = --lr: "
+      {"min-lr", "X", "the cosine schedule ends here at the last step (default: --lr / 10; = --lr: "
                       "constant).",
        Real(&SlideTrainOptions::min_lr, "min-lr", 0.0, 10.0)},
       {"warmup-steps", "N", "linear warm-up from 0 over the first N steps (default 0).",
@@ -138,10 +150,23 @@ const std::vector<FlagDef>& Flags() {
        Int(&SlideTrainOptions::slots, "slots", 1, 1024)},
       {"resident", "LIST",
        "units kept on the GPU with their optimizer state (updated by the GPU Adam): auto "
-       "(default: from the embedding up while the budget holds them), none, all (the "
+       "(default: what the budget holds, chosen to take the most off the CPU Adam's critical "
+       "path: the lowest units, and the head unless it slides last; docs/sliding.md), none, all (the "
        "all-on-GPU baseline), or unit indices, e.g. 0,1,2 (0 = embedding, 1..L = layers, L+1 = "
        "head).",
-       Text(&SlideTrainOptions::resident, "resident")},
+       [](SlideTrainOptions& o, const std::string& v) -> absl::Status {
+         // The indices' range needs the model (RunSlideTrain checks it); their syntax does not.
+         if (v != "auto" && v != "none" && v != "all") {
+           for (const absl::string_view part : absl::StrSplit(v, ',')) {
+             if (part.empty() || !std::all_of(part.begin(), part.end(), absl::ascii_isdigit)) {
+               return examples::BadFlagValue(
+                   "resident", "auto, none, all or unit indices separated by commas", v);
+             }
+           }
+         }
+         o.resident = v;
+         return absl::OkStatus();
+       }},
       {"update-timing", "NAME",
        "overlapped (default: the CPU updates each layer while the GPU works on the next) | "
        "after-backward (ZeRO-Offload style: every CPU update after the whole backward, the "
@@ -153,13 +178,16 @@ const std::vector<FlagDef>& Flags() {
          return absl::OkStatus();
        }},
       {"landing-buffers", "N", "pinned buffers for gradients in flight to the CPU Adam (default "
-                               "2; clipping parks all instead).",
+                               "3: one holds the top sliding unit's, whose update waits for the "
+                               "next forward; clipping parks all instead).",
        Int(&SlideTrainOptions::landing_buffers, "landing-buffers", 1, 1024)},
       {"grad-chunk", "N", "elements per gradient D2H chunk the CPU Adam consumes as it lands "
                           "(default 33554432).",
        Int(&SlideTrainOptions::grad_chunk, "grad-chunk", 1024, std::int64_t{1} << 40)},
       {"nvme-dir", "DIR", "a directory on a local drive for the NVMe tier (Adam m and v of "
-                          "--nvme-fraction of the sliding layers; O_DIRECT, io_uring).",
+                          "--nvme-fraction of the sliding layers; O_DIRECT, io_uring). The "
+                          "drive's bandwidth is measured there first (up to 2 GiB written and "
+                          "read back; --dry-run too, for its prediction).",
        Text(&SlideTrainOptions::nvme_dir, "nvme-dir")},
       {"nvme-fraction", "X", "share of the sliding units whose m, v live on NVMe, the top ones "
                              "first (default 0; needs --nvme-dir).",
@@ -185,7 +213,8 @@ const std::vector<FlagDef>& Flags() {
        Real(&SlideTrainOptions::assume_tflops, "assume-tflops", 1e-3, 1e6)},
       {"assume-pcie", "GBPS", "--dry-run: PCIe GB/s per direction (default 45).",
        Real(&SlideTrainOptions::assume_pcie_gbps, "assume-pcie", 1e-3, 1e6)},
-      {"assume-cpu-adam", "G", "--dry-run: CPU Adam G params/s (default 2.5).",
+      {"assume-cpu-adam", "G", "--dry-run: CPU Adam G params/s while the copy engines run (default 4.5, "
+                                 "the H200 host's 15 threads).",
        Real(&SlideTrainOptions::assume_cpu_adam_gparams, "assume-cpu-adam", 1e-3, 1e6)},
       {"help", "", "print this text and exit.",
        [](SlideTrainOptions& o, const std::string&) -> absl::Status {
@@ -209,6 +238,7 @@ absl::StatusOr<SlideTrainOptions> ParseSlideTrainOptions(const std::vector<std::
     return absl::InvalidArgumentError(
         "--nvme-dir needs --nvme-fraction X > 0 (the share of layers whose m, v go there)");
   }
+  if (o.min_lr < 0.0f) o.min_lr = o.lr / 10.0f;
   if (o.min_lr > o.lr) {
     return absl::InvalidArgumentError("--min-lr must not exceed --lr");
   }

@@ -36,7 +36,7 @@ struct SlideTrainOptions {
 
   // The optimizer and its schedule.
   float lr = 3e-4f;
-  float min_lr = 3e-5f;  // cosine decay to this at the last step
+  float min_lr = -1.0f;  // cosine decay to this at the last step; < 0: lr / 10
   std::int64_t warmup_steps = 0;
   float weight_decay = 0.0f;
   float beta1 = 0.9f;
@@ -64,7 +64,7 @@ struct SlideTrainOptions {
   std::string json_path;
   double assume_tflops = 600.0;        // --dry-run's GPU rate
   double assume_pcie_gbps = 45.0;      // per direction
-  double assume_cpu_adam_gparams = 2.5;  // CPU Adam rate while the copy engines run
+  double assume_cpu_adam_gparams = 4.5;  // CPU Adam rate while the copy engines run
 
   bool help = false;
 };

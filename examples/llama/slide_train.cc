@@ -1,14 +1,19 @@
 // slide_train's driver (slide_train.h).
 #include "examples/llama/slide_train.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -22,6 +27,7 @@
 #include "examples/llama/llama_init.h"
 #include "examples/llama/slide_device.h"
 #include "lib/base/status_macros.h"
+#include "lib/slide/nvme_store.h"
 #include "pipeoffload/backend.h"
 #include "pipeoffload/layer_sliding.h"
 
@@ -63,6 +69,39 @@ absl::StatusOr<TokenData> LoadData(const SlideTrainOptions& o) {
   return TokenData::FromFile(o.data_path, o.data_format);
 }
 
+// --save's destination, checked before any work so that a run never trains only to find it
+// cannot save: SaveLlamaCheckpoint's rule (DIR does not exist or is an empty directory) and a
+// parent directory it can create DIR in.
+absl::Status CheckSaveDestination(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::path path(dir);
+  while (path.has_relative_path() && !path.has_filename()) path = path.parent_path();  // "a/b/"
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (fs::exists(status)) {
+    if (!fs::is_directory(status)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--save '", dir, "' exists and is not a directory"));
+    }
+    if (!fs::is_empty(path, error) || error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--save '", dir, "' exists and is not empty; refusing to overwrite ",
+                       "(choose a new directory)"));
+    }
+    return absl::OkStatus();
+  }
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, error)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save '", dir, "': its parent '", parent.string(), "' is not an existing directory"));
+  }
+  if (::access(parent.c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("--save '", dir, "': cannot write in '",
+                                                    parent.string(), "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 // --resident as a placement (empty: planned).
 absl::Status ApplyResident(const SlideTrainOptions& o, int num_units, SlidingOptions& s) {
   if (o.resident == "auto") return absl::OkStatus();
@@ -89,10 +128,34 @@ std::string Gib(std::int64_t bytes) {
   return absl::StrFormat("%.2f GiB", bytes / kGiB);
 }
 
-// --dry-run's step estimate: each engine's work at the assumed rates. A lower bound: the step
-// is at least the busiest engine's time (plus what cannot overlap, which the trace shows).
+// The drive behind --nvme-dir, measured through the engine's own I/O path before anything is
+// allocated (so a missing, read-only or full directory fails here, before training): up to
+// 2 GiB written and read back. Prints one line.
+absl::StatusOr<NvmeBandwidth> MeasureNvmeDrive(const SlideTrainOptions& o,
+                                               const SlidingPlan& plan, std::ostream& out) {
+  NvmeStoreOptions probe;
+  probe.dir = o.nvme_dir;
+  const std::int64_t align = NvmeStore::kAlignment;
+  probe.capacity_bytes = std::clamp<std::int64_t>((plan.nvme_bytes + align - 1) / align * align,
+                                                  std::int64_t{64} << 20, std::int64_t{2} << 30);
+  absl::StatusOr<NvmeBandwidth> bandwidth = MeasureNvmeBandwidth(probe);
+  if (!bandwidth.ok()) {
+    return Annotate(bandwidth.status(), absl::StrCat("--nvme-dir ", o.nvme_dir));
+  }
+  out << absl::StrFormat("nvme: %s written at %.2f GB/s, read at %.2f GB/s (%s, %s)\n",
+                         Gib(bandwidth->bytes), bandwidth->write_gb_per_s,
+                         bandwidth->read_gb_per_s, bandwidth->backend,
+                         bandwidth->direct_io ? "O_DIRECT" : "buffered")
+      << std::flush;
+  return bandwidth;
+}
+
+// --dry-run's step estimate: each engine's work at the assumed rates (the NVMe tier's at the
+// rates just measured). A lower bound: the step is at least the busiest engine's time (plus
+// what cannot overlap, which the trace shows).
 void PrintEstimate(const SlideTrainOptions& o, const LlamaConfig& config,
-                   const SlidingModelShape& shape, const SlidingPlan& plan, std::ostream& out) {
+                   const SlidingModelShape& shape, const SlidingPlan& plan,
+                   const std::optional<NvmeBandwidth>& nvme, std::ostream& out) {
   const double tokens = static_cast<double>(o.batch) * o.seq * o.microbatches;
   double decoder_matrix = 0.0, sliding_params = 0.0, resident_params = 0.0, upload = 0.0;
   for (int u = 0; u < NumUnits(config); ++u) {
@@ -112,14 +175,23 @@ void PrintEstimate(const SlideTrainOptions& o, const LlamaConfig& config,
   const double h2d = (upload * dtype / 2 + checkpoints) / (o.assume_pcie_gbps * 1e9);
   const double d2h = (sliding_params * dtype + checkpoints) / (o.assume_pcie_gbps * 1e9);
   const double cpu = sliding_params / (o.assume_cpu_adam_gparams * 1e9);
-  const double step = std::max({gpu, h2d, d2h, cpu});
+  // Every step reads and writes back all of the tier's m, v, on one drive.
+  const double drive =
+      nvme.has_value() && plan.nvme_bytes > 0
+          ? plan.nvme_bytes / (nvme->read_gb_per_s * 1e9) + plan.nvme_bytes / (nvme->write_gb_per_s * 1e9)
+          : 0.0;
+  const double step = std::max({gpu, h2d, d2h, cpu, drive});
   out << absl::StrFormat(
       "predicted step (lower bound, each engine alone at --assume-* rates): GPU %.3f s "
       "(%.1f TFLOP incl. recompute at %.0f TFLOP/s), H2D %.3f s, D2H %.3f s, CPU Adam %.3f s "
-      "(%.2fG sliding params at %.2fG/s) -> >= %.3f s, <= %.0f tokens/s, <= %.1f model TFLOP/s\n",
+      "(%.2fG sliding params at %.2fG/s)%s -> >= %.3f s, <= %.0f tokens/s, <= %.1f model "
+      "TFLOP/s\n",
       gpu, (model_flops + recompute) / 1e12, o.assume_tflops, h2d, d2h, cpu,
-      sliding_params / 1e9, o.assume_cpu_adam_gparams, step, tokens / step,
-      model_flops / step / 1e12);
+      sliding_params / 1e9, o.assume_cpu_adam_gparams,
+      drive > 0.0 ? absl::StrFormat(", NVMe %.3f s (%s of m, v each way)", drive,
+                                    Gib(plan.nvme_bytes))
+                  : std::string(),
+      step, tokens / step, model_flops / step / 1e12);
 }
 
 std::string StepLine(std::int64_t step, std::int64_t steps, double loss, float lr,
@@ -166,6 +238,7 @@ absl::StatusOr<SlideTrainSummary> RunSlideTrain(const SlideTrainOptions& o, std:
   PO_ASSIGN_OR_RETURN(const TokenData data, LoadData(o));
   PO_RETURN_IF_ERROR(data.CheckCompatible(config.vocab_size, o.seq));
   if (!o.load_path.empty()) PO_RETURN_IF_ERROR(CheckLlamaCheckpoint(o.load_path, config));
+  if (!o.save_path.empty()) PO_RETURN_IF_ERROR(CheckSaveDestination(o.save_path));
   // auto: the GPU when there is one; a dry run plans the GPU run wherever the build has CUDA.
   const bool cuda = o.backend == SlideBackend::kCuda ||
                     (o.backend == SlideBackend::kAuto &&
@@ -265,8 +338,12 @@ absl::StatusOr<SlideTrainSummary> RunSlideTrain(const SlideTrainOptions& o, std:
   PO_ASSIGN_OR_RETURN(const SlidingPlan plan, PlanSliding(shape, sliding));
   out << absl::StrFormat("plan (budget %s, %s backend):\n", Gib(budget), cuda ? "cuda" : "cpu")
       << plan.Describe(shape);
+  std::optional<NvmeBandwidth> nvme_bandwidth;
+  if (!o.nvme_dir.empty()) {
+    PO_ASSIGN_OR_RETURN(nvme_bandwidth, MeasureNvmeDrive(o, plan, out));
+  }
   if (o.dry_run) {
-    PrintEstimate(o, config, shape, plan, out);
+    PrintEstimate(o, config, shape, plan, nvme_bandwidth, out);
     return SlideTrainSummary{};
   }
 

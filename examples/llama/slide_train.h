@@ -29,8 +29,11 @@ float ScheduledLearningRate(const SlideTrainOptions& options, std::int64_t step)
 
 // Runs everything the options ask for, printing progress and results to `out`.
 // Errors: every input problem with its reason (bad model name or config file, checkpoint that
-// does not match, data that cannot feed the model, a budget too small, a GPU missing for
-// --backend cuda, a non-finite loss or gradient norm); nothing is saved after an error.
+// does not match, data that cannot feed the model, a budget too small, a --save destination
+// that is not an empty or new directory, a GPU missing for --backend cuda, a non-finite loss or
+// gradient norm): all but the last before training. No checkpoint is written after an error,
+// and a failed save leaves none half-written (the finished run's --trace and --json are
+// written before the save).
 [[nodiscard]] absl::StatusOr<SlideTrainSummary> RunSlideTrain(const SlideTrainOptions& options,
                                                               std::ostream& out);
 

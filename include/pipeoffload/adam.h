@@ -83,14 +83,15 @@ float ClipCoefficient(double global_norm, double max_norm);
 // One contiguous run of elements to update in place. The gradient is read from exactly one of
 // `grad` (fp32) and `grad_bf16` (bf16 bit patterns, for gradients that arrive as bf16: 2 B read
 // per param instead of 4); the other is null. The choice is made once per call, not per element.
-// `param_bf16` may be null (no bf16 copy); param, exp_avg and exp_avg_sq must not be. Arrays must
-// not overlap.
+// `param_bf16` may be null (no bf16 copy); param, exp_avg and exp_avg_sq must not be (with a
+// split master: param null, param_bf16 and param_lo set). Arrays must not overlap.
 // Performance: any alignment works, but arrays that start at the same offset within a 4 KiB
 // page (e.g. each from its own page-aligned allocation) ran ~30% slower on the build machine
 // (AMD Zen 4, cpu_adam_bench --skew=0,0,0,0,0; still ~15% with 64 bytes between them) and ~6%
 // slower on the H200 host's Xeon: start them >= 512 bytes apart modulo 4 KiB (cpu_adam_bench
-// uses 0, 832, 1664, 2496, 3328 bytes past a page boundary). A 32-byte aligned param_bf16 is
-// written with non-temporal stores (no write-allocate read; its lines are not left in cache).
+// uses 0, 832, 1664, 2496, 3328 bytes past a page boundary). Without a split master, a 32-byte
+// aligned param_bf16 is written with non-temporal stores (no write-allocate read; its lines are
+// not left in cache); a split master's halves were just read, so they are stored normally.
 struct AdamSpan {
   float* param = nullptr;
   float* exp_avg = nullptr;     // m
@@ -101,11 +102,34 @@ struct AdamSpan {
   // bf16 bit patterns. Last, so the aggregate initializers {p, m, v, g, bf16, n} written before
   // it existed keep their meaning.
   const std::uint16_t* grad_bf16 = nullptr;
+  // A split master (SplitMaster below): when set, `param` is null, `param_bf16` holds the high
+  // halves and `param_lo` the low halves of the fp32 master, which is JoinSplitMaster(hi, lo);
+  // the update reads both, computes exactly the fp32 contract on the joined master, and writes
+  // SplitMaster of the result back (the same bits as the unsplit update on the joined values;
+  // the bf16 copy is then the high half, rounded ties away from zero, not ties to even).
+  std::uint16_t* param_lo = nullptr;
 };
 
+// A bf16 model's fp32 master kept as two 16-bit halves, so that its bf16 copy is part of it:
+// hi = (bits + 0x8000) >> 16 (the bf16 nearest to the master, ties away from zero; modulo 2^32)
+// and lo = the low 16 bits. JoinSplitMaster inverts it exactly for every bit pattern, NaN
+// payloads included: bits = (hi << 16) + sign-extended lo. Host memory for a sliding unit is
+// then 12 B per parameter (hi 2 + lo 2 + m 4 + v 4) instead of 14, and the update moves 26
+// instead of 28 B per parameter. Caveat, NaN only: a NaN master whose payload lies in the low
+// 16 bits has an infinite hi, and the NaNs 0x7fff8000-0x7fffffff / 0xffff8000-0xffffffff have a
+// hi of -0 / +0 (the master, joined, is still that NaN). x86 arithmetic makes 0xffc00000 (a NaN
+// hi); the GPU kernel stores its NaN results as 0x7fc00000 for this reason.
+struct SplitBf16 {
+  std::uint16_t hi = 0;
+  std::uint16_t lo = 0;
+};
+SplitBf16 SplitMaster(float master);
+float JoinSplitMaster(std::uint16_t hi, std::uint16_t lo);
+
 // OK when `span` may be handed to a kernel: count >= 0 and small enough to address, and when
-// count > 0: param, exp_avg and exp_avg_sq non-null, exactly one of grad and grad_bf16 non-null,
-// and no two of the arrays (grad_bf16 and param_bf16 included) overlapping.
+// count > 0: param, exp_avg and exp_avg_sq non-null (param null and param_bf16 non-null when
+// param_lo is set), exactly one of grad and grad_bf16 non-null, and no two of the arrays
+// (grad_bf16, param_bf16 and param_lo included) overlapping.
 // Errors: InvalidArgument naming the offending field(s).
 [[nodiscard]] absl::Status CheckAdamSpan(const AdamSpan& span);
 
@@ -142,7 +166,7 @@ struct CpuAdamOptions {
 };
 
 // The multi-threaded CPU Adam: splits a span into per-thread blocks (cache-line aligned
-// boundaries of param) and runs the chosen instruction set's kernel on each; the bf16 copy is
+// boundaries of param, of param_bf16 for a split master) and runs the chosen instruction set's kernel on each; the bf16 copy is
 // written in the same call, block by block while p is still in L1 (no second pass over DRAM).
 // Spans under 64 Ki elements per thread use fewer threads (a wake-up costs more). The worker
 // threads are created once, by Create, and adopt the caller's FTZ/DAZ mode for each call. One

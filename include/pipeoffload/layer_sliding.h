@@ -18,6 +18,12 @@
 // the GPU Adam (the budget decides how many: the CPU update is what binds sliding). The next
 // step's upload of a unit waits for its update: no delayed or stale update.
 //
+// bf16 models keep every fp32 master split (adam.h's SplitMaster): its high half, the bf16
+// nearest to it (ties away from zero), is the parameter the device computes with, and its low
+// half is stored beside it. A sliding unit then takes 12 B per parameter of host memory (high
+// half pinned for the upload, low half, m, v pageable) and a resident one 14 B of device memory,
+// and a unit gets the same bits whichever side updates it.
+//
 // Gradient clipping (max_grad_norm > 0) stays exact: the global norm is the sum of every unit's
 // sum of squares of its wire gradients, known once the backward ends. Updates then wait for it
 // (gradients of sliding units are parked in pinned host memory meanwhile) and run overlapped
@@ -128,6 +134,16 @@ class SlidingModel {
   [[nodiscard]] virtual absl::StatusOr<double> StepLoss() = 0;
 };
 
+// The checks every SlidingModel makes of a call before running it (for implementers): OK, or
+// FailedPrecondition when `num_microbatches` is 0 (no BeginStep yet), or InvalidArgument
+// "<model>: unit U mb M: <why>" for a unit out of range, a Forward of the last unit, a
+// num_microbatches other than BeginStep's, an mb out of range, and a null params / input
+// (units > 0) / output (Forward) / workspace (units with one) / grad_output (below the last
+// unit) / grad_input (units > 0) / grad_accum (Backward).
+[[nodiscard]] absl::Status CheckUnitCall(const SlidingModelShape& shape, const UnitCall& call,
+                                         bool backward, int num_microbatches,
+                                         std::string_view model);
+
 // Where a unit lives.
 enum class UnitPlace : std::uint8_t {
   kSliding,   // host master / m / v, CPU Adam; slides through the GPU's ring of slots
@@ -150,7 +166,9 @@ struct SlidingOptions {
   // hide an upload behind a unit's compute); >= 2 otherwise.
   int num_slots = 0;
   // Per unit; empty: the planner makes units resident while the budget allows, the lowest first
-  // (their updates gate the next step's first forwards), then the head.
+  // (their updates gate the next step's first forwards), or the head first when that leaves
+  // fewer sliding parameters below the top sliding unit (whose update is deferred into the
+  // next forward, off the critical path); plan.cc says why.
   std::vector<UnitPlace> placement;
   // Every unit resident (the all-on-GPU baseline of the same binary).
   bool all_resident = false;
@@ -161,7 +179,9 @@ struct SlidingOptions {
   // Elements per D2H gradient chunk (the CPU Adam consumes chunks as they land). > 0.
   std::int64_t grad_chunk_elements = std::int64_t{1} << 25;
   // Pinned landing buffers for sliding units' gradients in flight (each holds the largest
-  // sliding unit's wire gradients). 0: 2. Clipping parks every sliding unit's gradients instead.
+  // sliding unit's wire gradients). 0: 3 (the top sliding unit's update is deferred into the
+  // next forward and keeps one; the layers below stream through the others). Clipping parks
+  // every sliding unit's gradients instead.
   int landing_buffers = 0;
   // NVMe tier for Adam m and v: empty dir: none. `nvme_fraction` of the sliding units (the
   // highest layers first, whose updates have the most slack) keep m, v in a file there,
@@ -188,8 +208,9 @@ struct SlidingPlan {
   std::int64_t device_engine_bytes = 0;       // sums of squares, scalars, alignment slack
   std::int64_t device_model_bytes = 0;        // SlidingModelShape::model_device_bytes
   std::int64_t device_total_bytes = 0;
-  // Host bytes: pageable (fp32 master, m, v of sliding units), pinned (the device-format
-  // upload copies, gradient landing / parking, checkpoints, NVMe staging), and on NVMe.
+  // Host bytes: pageable (m, v of sliding units, and their fp32 masters or, bf16, the masters'
+  // low halves), pinned (the device-format upload copies, gradient landing / parking,
+  // checkpoints, NVMe staging), and on NVMe.
   std::int64_t host_pageable_bytes = 0;
   std::int64_t host_pinned_bytes = 0;
   std::int64_t nvme_bytes = 0;

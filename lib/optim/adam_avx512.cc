@@ -1,11 +1,11 @@
 // The AVX-512F Adam kernel and block sums of squares (simd_kernels.h), for fp32 or bf16 gradients
-// and sums: 16 fp32 lanes (bf16 inputs widened exactly: zero-extend, shift left by 16), the tail
-// done by the same vector code under a lane mask, so every element goes through the same
-// instructions. Built with -mavx512f -ffp-contract=off and called only where the CPU has
-// AVX-512F (cpu_isa.cc). This file must not use inline functions or templates shared with other
-// files (the linker could keep this file's AVX-512 copy for everyone) nor headers with static
-// objects: intrinsics only, and simd_kernels.h instead of adam.h (the optim_isa_objects test
-// checks the object file).
+// and sums, fp32 or split masters: 16 fp32 lanes (bf16 inputs widened exactly: zero-extend, shift
+// left by 16), the tail done by the same vector code under a lane mask, so every element goes
+// through the same instructions. Built with -mavx512f -ffp-contract=off and called only where
+// the CPU has AVX-512F (cpu_isa.cc). This file must not use inline functions or templates shared
+// with other files (the linker could keep this file's AVX-512 copy for everyone) nor headers
+// with static objects: intrinsics only, and simd_kernels.h instead of adam.h (the
+// optim_isa_objects test checks the object file).
 #include <cstdint>
 
 #include "lib/optim/simd_kernels.h"
@@ -60,7 +60,8 @@ struct Pointers {
   float* __restrict exp_avg;
   float* __restrict exp_avg_sq;
   const Grad* __restrict grad;
-  std::uint16_t* __restrict param_bf16;
+  std::uint16_t* __restrict param_bf16;  // a split master's high halves when param_lo is set
+  std::uint16_t* __restrict param_lo;
 };
 
 // x[i, i + 16) under `mask` as fp32, dead lanes 0.
@@ -68,22 +69,39 @@ inline __attribute__((always_inline)) __m512 Load16(const float* x, std::int64_t
                                                     __mmask16 mask) {
   return _mm512_maskz_loadu_ps(mask, x + i);
 }
-// The same for bf16 bits, widened exactly. AVX-512F has no masked 16-bit load (that is
-// AVX-512BW), so a partial vector goes through a zero-filled stack copy; `mask` is a constant
-// 0xffff in the main loops, where this folds to one 256-bit load.
+// x[i, i + 16) of 16-bit values under `mask`, dead lanes 0. AVX-512F has no masked 16-bit load
+// (that is AVX-512BW), so a partial vector goes through a zero-filled stack copy; `mask` is a
+// constant 0xffff in the main loops, where this folds to one 256-bit load.
+inline __attribute__((always_inline)) __m256i Load16Halves(const std::uint16_t* x, std::int64_t i,
+                                                           __mmask16 mask) {
+  if (mask == 0xffff) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+  alignas(32) std::uint16_t tail[kLanes] = {};
+  for (int j = 0; j < kLanes; ++j) {
+    if ((mask >> j) & 1) tail[j] = x[i + j];
+  }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+}
+// The same for bf16 bits, widened exactly.
 inline __attribute__((always_inline)) __m512 Load16(const std::uint16_t* x, std::int64_t i,
                                                     __mmask16 mask) {
-  __m256i half;
-  if (mask == 0xffff) {
-    half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
-  } else {
-    alignas(32) std::uint16_t tail[kLanes] = {};
-    for (int j = 0; j < kLanes; ++j) {
-      if ((mask >> j) & 1) tail[j] = x[i + j];
-    }
-    half = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
-  }
+  const __m256i half = Load16Halves(x, i, mask);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// The contract's arithmetic on one vector (adam.h, in its order): p, m, v updated in place from
+// the gradient `raw` as fp32, before grad_scale. Step and StepSplit both run exactly this.
+template <bool kL2, bool kDecoupled>
+inline __attribute__((always_inline)) void Contract(const Vectors& s, __m512& p, __m512& m,
+                                                    __m512& v, __m512 raw) {
+  __m512 g = _mm512_mul_ps(raw, s.grad_scale);
+  if constexpr (kL2) g = _mm512_add_ps(g, _mm512_mul_ps(s.weight_decay, p));
+  m = _mm512_add_ps(_mm512_mul_ps(s.beta1, m), _mm512_mul_ps(s.one_minus_beta1, g));
+  v = _mm512_add_ps(_mm512_mul_ps(s.beta2, v),
+                    _mm512_mul_ps(s.one_minus_beta2, _mm512_mul_ps(g, g)));
+  if constexpr (kDecoupled) p = _mm512_mul_ps(p, s.decay_factor);
+  const __m512 d =
+      _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), s.inv_sqrt_bias_correction2), s.epsilon);
+  p = _mm512_sub_ps(p, _mm512_mul_ps(s.step_size, _mm512_div_ps(m, d)));
 }
 
 // One vector of the contract at element i; `mask` selects the live lanes (all 16 but in the
@@ -95,15 +113,7 @@ inline __attribute__((always_inline)) void Step(const Vectors& s, const Pointers
   __m512 p = _mm512_maskz_loadu_ps(mask, a.param + i);
   __m512 m = _mm512_maskz_loadu_ps(mask, a.exp_avg + i);
   __m512 v = _mm512_maskz_loadu_ps(mask, a.exp_avg_sq + i);
-  __m512 g = _mm512_mul_ps(Load16(a.grad, i, mask), s.grad_scale);
-  if constexpr (kL2) g = _mm512_add_ps(g, _mm512_mul_ps(s.weight_decay, p));
-  m = _mm512_add_ps(_mm512_mul_ps(s.beta1, m), _mm512_mul_ps(s.one_minus_beta1, g));
-  v = _mm512_add_ps(_mm512_mul_ps(s.beta2, v),
-                    _mm512_mul_ps(s.one_minus_beta2, _mm512_mul_ps(g, g)));
-  if constexpr (kDecoupled) p = _mm512_mul_ps(p, s.decay_factor);
-  const __m512 d =
-      _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), s.inv_sqrt_bias_correction2), s.epsilon);
-  p = _mm512_sub_ps(p, _mm512_mul_ps(s.step_size, _mm512_div_ps(m, d)));
+  Contract<kL2, kDecoupled>(s, p, m, v, Load16(a.grad, i, mask));
   _mm512_mask_storeu_ps(a.param + i, mask, p);
   _mm512_mask_storeu_ps(a.exp_avg + i, mask, m);
   _mm512_mask_storeu_ps(a.exp_avg_sq + i, mask, v);
@@ -149,11 +159,93 @@ inline __attribute__((always_inline)) void Prefetch(const Pointers<Grad>& a, std
   }
 }
 
+// A split master (KernelSpan::param_lo): 16 fp32 bit patterns from their high and low halves,
+// (hi << 16) + sign-extended lo, modulo 2^32.
+inline __attribute__((always_inline)) __m512i Join16(__m256i hi, __m256i lo) {
+  return _mm512_add_epi32(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16),
+                          _mm512_cvtepi16_epi32(lo));
+}
+// And back: the high halves (bits + 0x8000) >> 16 (the addition wraps) in the low 16 bits of the
+// lanes; the low halves are the low 16 bits as they are (VPMOVDW truncates either exactly).
+inline __attribute__((always_inline)) __m512i SplitHi16(__m512i bits) {
+  return _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x8000)), 16);
+}
+
+// Software prefetch for the split master's streams: m, v and the gradient as Prefetch does, the
+// high and low halves once per 32 elements (their line), as far ahead in elements.
+template <typename Grad>
+inline __attribute__((always_inline)) void PrefetchSplit(const Pointers<Grad>& a, std::int64_t i,
+                                                         std::int64_t bytes) {
+  const auto at = [&](const auto* base, std::int64_t ahead) {
+    return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base + i) +
+                                         static_cast<std::uintptr_t>(ahead));
+  };
+  _mm_prefetch(at(a.exp_avg, bytes), _MM_HINT_T0);
+  _mm_prefetch(at(a.exp_avg_sq, bytes), _MM_HINT_T0);
+  if constexpr (sizeof(Grad) == sizeof(float)) _mm_prefetch(at(a.grad, bytes), _MM_HINT_T0);
+  if (i % 32 == 0) {
+    if constexpr (sizeof(Grad) != sizeof(float)) _mm_prefetch(at(a.grad, bytes / 2), _MM_HINT_T0);
+    _mm_prefetch(at(a.param_bf16, bytes / 2), _MM_HINT_T0);
+    _mm_prefetch(at(a.param_lo, bytes / 2), _MM_HINT_T0);
+  }
+}
+
+// One vector of a split master at element i (a.param_bf16 its high halves, a.param_lo its low
+// ones; a.param unused): joined, the contract as Step runs it, split back. `mask` as in Step.
+// The halves are stored with the register form of VPMOVDW and plain stores in full vectors (see
+// StoreBf16), with the masked store-to-memory form in the tail only.
+template <bool kL2, bool kDecoupled, typename Grad>
+inline __attribute__((always_inline)) void StepSplit(const Vectors& s, const Pointers<Grad>& a,
+                                                     std::int64_t i, __mmask16 mask) {
+  __m512 p = _mm512_castsi512_ps(
+      Join16(Load16Halves(a.param_bf16, i, mask), Load16Halves(a.param_lo, i, mask)));
+  __m512 m = _mm512_maskz_loadu_ps(mask, a.exp_avg + i);
+  __m512 v = _mm512_maskz_loadu_ps(mask, a.exp_avg_sq + i);
+  Contract<kL2, kDecoupled>(s, p, m, v, Load16(a.grad, i, mask));
+  _mm512_mask_storeu_ps(a.exp_avg + i, mask, m);
+  _mm512_mask_storeu_ps(a.exp_avg_sq + i, mask, v);
+  const __m512i bits = _mm512_castps_si512(p);
+  if (mask == 0xffff) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.param_bf16 + i),
+                        _mm512_cvtepi32_epi16(SplitHi16(bits)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.param_lo + i), _mm512_cvtepi32_epi16(bits));
+  } else {
+    _mm512_mask_cvtepi32_storeu_epi16(a.param_bf16 + i, mask, SplitHi16(bits));
+    _mm512_mask_cvtepi32_storeu_epi16(a.param_lo + i, mask, bits);
+  }
+}
+
+// The split master in one pass: join, update and split in the same iteration (unlike the bf16
+// copy in Run). Measured on the build machine (Intel Xeon, 2 vCPUs, cpu_adam_bench
+// --master=split --threads=1): 2.5 G params/s in cache (2^16 params) against 2.1 for a two-pass
+// variant that joined each 512-element block into an L1 stack buffer, ran Step on it and split
+// it back; from DRAM (2^25 and 2^27 params, 1-2 threads) the two were within 4%. The high
+// halves are stored normally, not non-temporally: their lines were just read, so a store costs
+// no write-allocate read, and non-temporal stores to those cached lines ran ~3% slower from
+// DRAM.
+template <bool kL2, bool kDecoupled, typename Grad>
+void RunSplit(const Vectors& s, const KernelSpan& span, const Grad* grad,
+              std::int64_t prefetch_bytes) {
+  const Pointers<Grad> a = {nullptr, span.exp_avg, span.exp_avg_sq, grad, span.param_bf16,
+                            span.param_lo};
+  const std::int64_t count = span.count;
+  const std::int64_t full = count - count % kLanes;
+  for (std::int64_t i = 0; i < full; i += kLanes) {
+    if (prefetch_bytes > 0) PrefetchSplit(a, i, prefetch_bytes);
+    StepSplit<kL2, kDecoupled>(s, a, i, 0xffff);
+  }
+  if (full < count) {
+    const auto live = static_cast<unsigned>(count - full);
+    StepSplit<kL2, kDecoupled>(s, a, full, static_cast<__mmask16>((1u << live) - 1u));
+  }
+}
+
 // `grad`: span.grad or span.grad_bf16 (the one that is set).
 template <bool kL2, bool kDecoupled, bool kBf16, typename Grad>
 void Run(const Vectors& s, const KernelSpan& span, const Grad* grad,
          std::int64_t prefetch_bytes) {
-  const Pointers<Grad> a = {span.param, span.exp_avg, span.exp_avg_sq, grad, span.param_bf16};
+  const Pointers<Grad> a = {span.param, span.exp_avg, span.exp_avg_sq, grad, span.param_bf16,
+                            nullptr};
   const std::int64_t count = span.count;
   const std::int64_t full = count - count % kLanes;
   std::int64_t i = 0;
@@ -192,11 +284,14 @@ void Run(const Vectors& s, const KernelSpan& span, const Grad* grad,
   }
 }
 
-// The per-call choices of the bf16 output and the gradient's type (never per element).
+// The per-call choices of the master's form, the bf16 output and the gradient's type (never per
+// element).
 template <bool kL2, bool kDecoupled, typename Grad>
 void RunBf16(const Vectors& s, const KernelSpan& span, const Grad* grad,
              std::int64_t prefetch_bytes) {
-  if (span.param_bf16 != nullptr) {
+  if (span.param_lo != nullptr) {
+    RunSplit<kL2, kDecoupled>(s, span, grad, prefetch_bytes);
+  } else if (span.param_bf16 != nullptr) {
     Run<kL2, kDecoupled, true>(s, span, grad, prefetch_bytes);
   } else {
     Run<kL2, kDecoupled, false>(s, span, grad, prefetch_bytes);

@@ -1,6 +1,7 @@
-// The scalar Adam reference (adam.h's contract, one element at a time, fp32 or bf16 gradients)
-// and the scalar block sums of squares (fp32 and bf16). Built without ISA flags and with -ffp-contract=off: these are the bits every other
-// kernel, CPU or GPU, must reproduce, so nothing here may be fused or reassociated.
+// The scalar Adam reference (adam.h's contract, one element at a time, fp32 or bf16 gradients,
+// fp32 or split masters) and the scalar block sums of squares (fp32 and bf16). Built without ISA
+// flags and with -ffp-contract=off: these are the bits every other kernel, CPU or GPU, must
+// reproduce, so nothing here may be fused or reassociated.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,13 +34,37 @@ float GradAt(const std::uint16_t* grad, std::int64_t i) {
   return value;
 }
 
+// A split master's halves (adam.h: SplitMaster / JoinSplitMaster, written here for the same
+// reason as GradAt): bits = (hi << 16) + sign-extended lo, and back hi = (bits + 0x8000) >> 16,
+// lo = bits & 0xffff, all modulo 2^32.
+float JoinAt(const std::uint16_t* hi, const std::uint16_t* lo, std::int64_t i) {
+  const auto low =
+      static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<std::int16_t>(lo[i])));
+  const std::uint32_t bits = (static_cast<std::uint32_t>(hi[i]) << 16) + low;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+void SplitAt(float p, std::uint16_t* hi, std::uint16_t* lo, std::int64_t i) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &p, sizeof(bits));
+  hi[i] = static_cast<std::uint16_t>((bits + 0x8000u) >> 16);
+  lo[i] = static_cast<std::uint16_t>(bits & 0xffffu);
+}
+
 // One element of the contract, in its order. `kL2` / `kDecoupled`: which weight-decay line runs
-// (adam.h: read off weight_decay != 0 and decay_factor != 1). `Grad`: float or std::uint16_t
-// (bf16 bits), the array `grad` points to.
-template <bool kL2, bool kDecoupled, typename Grad>
+// (adam.h: read off weight_decay != 0 and decay_factor != 1). `kSplit`: the master is
+// param_bf16 (hi) and param_lo joined, and is written back split (param is null). `Grad`: float
+// or std::uint16_t (bf16 bits), the array `grad` points to.
+template <bool kL2, bool kDecoupled, bool kSplit, typename Grad>
 void UpdateRange(const AdamStepScalars& s, const AdamSpan& span, const Grad* grad) {
   for (std::int64_t i = 0; i < span.count; ++i) {
-    float p = span.param[i];
+    float p;
+    if constexpr (kSplit) {
+      p = JoinAt(span.param_bf16, span.param_lo, i);
+    } else {
+      p = span.param[i];
+    }
     float m = span.exp_avg[i];
     float v = span.exp_avg_sq[i];
     float g = GradAt(grad, i) * s.grad_scale;
@@ -49,19 +74,34 @@ void UpdateRange(const AdamStepScalars& s, const AdamSpan& span, const Grad* gra
     if constexpr (kDecoupled) p = p * s.decay_factor;
     const float d = std::sqrt(v) * s.inv_sqrt_bias_correction2 + s.epsilon;
     p = p - s.step_size * (m / d);
-    span.param[i] = p;
+    if constexpr (kSplit) {
+      SplitAt(p, span.param_bf16, span.param_lo, i);
+    } else {
+      span.param[i] = p;
+    }
     span.exp_avg[i] = m;
     span.exp_avg_sq[i] = v;
-    if (span.param_bf16 != nullptr) span.param_bf16[i] = FloatToBf16Bits(p);
+    if constexpr (!kSplit) {
+      if (span.param_bf16 != nullptr) span.param_bf16[i] = FloatToBf16Bits(p);
+    }
+  }
+}
+
+template <bool kL2, bool kDecoupled, bool kSplit>
+void UpdateMaster(const AdamStepScalars& s, const AdamSpan& span) {
+  if (span.grad_bf16 != nullptr) {
+    UpdateRange<kL2, kDecoupled, kSplit>(s, span, span.grad_bf16);
+  } else {
+    UpdateRange<kL2, kDecoupled, kSplit>(s, span, span.grad);
   }
 }
 
 template <bool kL2, bool kDecoupled>
 void UpdateSpan(const AdamStepScalars& s, const AdamSpan& span) {
-  if (span.grad_bf16 != nullptr) {
-    UpdateRange<kL2, kDecoupled>(s, span, span.grad_bf16);
+  if (span.param_lo != nullptr) {
+    UpdateMaster<kL2, kDecoupled, true>(s, span);
   } else {
-    UpdateRange<kL2, kDecoupled>(s, span, span.grad);
+    UpdateMaster<kL2, kDecoupled, false>(s, span);
   }
 }
 
@@ -91,6 +131,19 @@ absl::Status CheckAdamSpan(const AdamSpan& span) {
         absl::StrCat("Adam span: count = ", span.count, " is too large to address"));
   }
   if (span.count == 0) return absl::OkStatus();
+  const bool split = span.param_lo != nullptr;
+  if (split && span.param != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Adam span: param must be null when param_lo is set (a split master is param_bf16 and "
+        "param_lo; count = ",
+        span.count, ")"));
+  }
+  if (split && span.param_bf16 == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Adam span: param_bf16 is null but param_lo is set (a split master's high halves live "
+        "in param_bf16; count = ",
+        span.count, ")"));
+  }
   const struct {
     const char* name;
     const void* ptr;
@@ -102,10 +155,12 @@ absl::Status CheckAdamSpan(const AdamSpan& span) {
       {"grad", span.grad, sizeof(float)},
       {"grad_bf16", span.grad_bf16, sizeof(std::uint16_t)},
       {"param_bf16", span.param_bf16, sizeof(std::uint16_t)},
+      {"param_lo", span.param_lo, sizeof(std::uint16_t)},
   };
   constexpr int kArrays = sizeof(arrays) / sizeof(arrays[0]);
   constexpr int kRequired = 3;  // param, exp_avg, exp_avg_sq; then one of the two gradients
-  for (int i = 0; i < kRequired; ++i) {
+  // A split master has no param (checked above); param_bf16 and param_lo stand in for it.
+  for (int i = split ? 1 : 0; i < kRequired; ++i) {
     if (arrays[i].ptr == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Adam span: ", arrays[i].name, " is null (count = ", span.count, ")"));

@@ -1,6 +1,6 @@
 // The host-side arithmetic of adam.h that is not per element: the per-step scalars (validated
 // options, bias corrections computed in double once per step), the clipping coefficient, and
-// the fp32 <-> bf16 bit conversions every kernel must match.
+// the fp32 <-> bf16 bit conversions every kernel must match, and the split master's halves.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -108,6 +108,26 @@ float Bf16BitsToFloat(std::uint16_t bits) {
   const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
   float value;
   std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+SplitBf16 SplitMaster(float master) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &master, sizeof(bits));
+  // Unsigned arithmetic wraps modulo 2^32: the NaNs 0x7fff8000-0x7fffffff get hi 0x8000 (-0)
+  // and 0xffff8000-0xffffffff hi 0 (+0), adam.h's caveat; JoinSplitMaster still inverts them.
+  return {static_cast<std::uint16_t>((bits + 0x8000u) >> 16),
+          static_cast<std::uint16_t>(bits & 0xffffu)};
+}
+
+float JoinSplitMaster(std::uint16_t hi, std::uint16_t lo) {
+  // (hi << 16) + sign-extended lo, modulo 2^32: lo >= 0x8000 is what SplitMaster's rounding
+  // carried into hi, taken back out.
+  const auto low =
+      static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<std::int16_t>(lo)));
+  const std::uint32_t bits = (static_cast<std::uint32_t>(hi) << 16) + low;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
   return value;
 }
 

@@ -2,11 +2,13 @@
 //
 // Update cuts the span into one contiguous range per thread with inner boundaries on 64-byte
 // boundaries of `param` (16 floats), so no two threads write the same cache line of param, m or
-// v when those share param's alignment; every element goes through the same kernel, so the bits
-// never depend on the thread count. SumOfSquares (and SumOfSquaresBf16, the same with the bf16
-// block kernel) sums fixed blocks of kSumBlock elements (counted from x[0]) into one slot each,
-// and then the slots in block order on the calling thread: the cut into threads only decides
-// who fills which slot.
+// v when those share param's alignment; with a split master (no param) on 64-byte boundaries of
+// param_bf16 (32 elements, which are also 2 lines of m and v). Every element goes through the
+// same kernel, and the kernels' blocks only group elementwise work, so the bits never depend on
+// the thread count. SumOfSquares (and SumOfSquaresBf16, the same with the bf16 block kernel)
+// sums fixed blocks of kSumBlock elements (counted from x[0]) into one slot each, and then the
+// slots in block order on the calling thread: the cut into threads only decides who fills which
+// slot.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -35,8 +37,9 @@ namespace {
 constexpr std::int64_t kMinElementsPerThread = std::int64_t{1} << 16;
 // Same for the sum of squares, in blocks (8 blocks = 256 KiB of reads).
 constexpr std::int64_t kMinBlocksPerThread = 8;
-// 64-byte cache lines, in floats.
+// 64-byte cache lines, in floats and in bf16 halves.
 constexpr std::int64_t kLineFloats = 16;
+constexpr std::int64_t kLineHalves = 32;
 // More threads than this is a mistake (and thread creation failure would throw).
 constexpr int kMaxThreads = 1024;
 // Prefetching further ahead than this only evicts what it fetched before use.
@@ -89,25 +92,29 @@ class CpuAdamImpl final : public CpuAdam {
       adam_(scalars, span, prefetch_bytes_);
       return absl::OkStatus();
     }
-    const auto address = reinterpret_cast<std::uintptr_t>(span.param);
+    // Cut on the lines of the master's first array: param, or a split master's high halves.
+    const bool split = span.param_lo != nullptr;
+    const auto address = split ? reinterpret_cast<std::uintptr_t>(span.param_bf16)
+                               : reinterpret_cast<std::uintptr_t>(span.param);
+    const std::size_t element = split ? sizeof(std::uint16_t) : sizeof(float);
     const std::int64_t first_aligned =
-        address % sizeof(float) != 0
-            ? 0
-            : static_cast<std::int64_t>((64 - address % 64) % 64 / sizeof(float));
-    const std::vector<std::int64_t> bounds =
-        internal::AlignedSplit(span.count, parts, kLineFloats, first_aligned);
+        address % element != 0 ? 0 : static_cast<std::int64_t>((64 - address % 64) % 64 / element);
+    const std::vector<std::int64_t> bounds = internal::AlignedSplit(
+        span.count, parts, split ? kLineHalves : kLineFloats, first_aligned);
     pool_.Run(parts, [&](int part) {
       const std::int64_t begin = bounds[static_cast<std::size_t>(part)];
       const std::int64_t end = bounds[static_cast<std::size_t>(part) + 1];
       if (begin == end) return;
       AdamSpan piece;
-      piece.param = span.param + begin;
+      // param is null for a split master (CheckAdamSpan), param_lo null otherwise.
+      piece.param = span.param == nullptr ? nullptr : span.param + begin;
       piece.exp_avg = span.exp_avg + begin;
       piece.exp_avg_sq = span.exp_avg_sq + begin;
       // Exactly one of the two gradients is set (CheckAdamSpan).
       piece.grad = span.grad == nullptr ? nullptr : span.grad + begin;
       piece.grad_bf16 = span.grad_bf16 == nullptr ? nullptr : span.grad_bf16 + begin;
       piece.param_bf16 = span.param_bf16 == nullptr ? nullptr : span.param_bf16 + begin;
+      piece.param_lo = span.param_lo == nullptr ? nullptr : span.param_lo + begin;
       piece.count = end - begin;
       adam_(scalars, piece, prefetch_bytes_);
     });

@@ -58,7 +58,8 @@ KernelScalars ToKernel(const AdamStepScalars& s) {
 }
 
 KernelSpan ToKernel(const AdamSpan& s) {
-  return {s.param, s.exp_avg, s.exp_avg_sq, s.grad, s.param_bf16, s.count, s.grad_bf16};
+  return {s.param,      s.exp_avg, s.exp_avg_sq, s.grad,
+          s.param_bf16, s.count,   s.grad_bf16,  s.param_lo};
 }
 
 // A field added to the public types must be added to the mirrors (and converted above).

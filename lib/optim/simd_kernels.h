@@ -40,6 +40,7 @@ struct KernelSpan {
   std::uint16_t* param_bf16;
   std::int64_t count;
   const std::uint16_t* grad_bf16;
+  std::uint16_t* param_lo;  // split master: param null, param_bf16 the high halves
 };
 
 // The sum of squares is taken over fixed blocks of kSumBlock elements counted from x[0]. Inside

@@ -28,17 +28,6 @@ class CpuSlideDeviceOps final : public SlideDeviceOps {
     return absl::OkStatus();
   }
 
-  absl::Status CastParams(const float* src, void* dst, std::int64_t count) override {
-    if (dtype_ == SlideDtype::kFp32) {
-      float* out = static_cast<float*>(dst);
-      if (out != src) std::copy(src, src + count, out);
-    } else {
-      std::uint16_t* out = static_cast<std::uint16_t*>(dst);
-      for (std::int64_t i = 0; i < count; ++i) out[i] = FloatToBf16Bits(src[i]);
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status Adam(const AdamStepScalars& scalars, const AdamSpan& span) override {
     return adam_->Update(scalars, span);
   }

@@ -1,12 +1,12 @@
 // The engine's own arithmetic on the device, behind one interface with a CPU and a CUDA
 // implementation (the model's math is the model's; this is the engine's): turning the fp32
-// gradient accumulator into wire gradients with their sum of squares, casting parameters, and
-// the Adam update of resident units. Every call enqueues on the backend's compute queue (the CPU
+// gradient accumulator into wire gradients with their sum of squares, and the Adam update of
+// resident units. Every call enqueues on the backend's compute queue (the CPU
 // backend's compute queue is the caller's thread: it runs at once) and returns.
 //
 // Bits: the sums of squares are CpuAdam::SumOfSquares's fixed-block sums (GPU: the same bits,
-// lib/optim/cuda/adam_kernel.h); the cast is FloatToBf16Bits's rounding; Adam is adam.h's
-// contract. So a unit gives the same bits whether the CPU or the GPU updates it, and the norm
+// lib/optim/cuda/adam_kernel.h); the gradients' cast is FloatToBf16Bits's rounding; Adam is
+// adam.h's contract (with the split master of bf16 models on both sides). So a unit gives the same bits whether the CPU or the GPU updates it, and the norm
 // does not depend on who summed.
 #ifndef PIPEOFFLOAD_LIB_SLIDE_DEVICE_OPS_H_
 #define PIPEOFFLOAD_LIB_SLIDE_DEVICE_OPS_H_
@@ -34,11 +34,9 @@ class SlideDeviceOps {
   // PartialsFor(count) doubles. Device pointers.
   [[nodiscard]] virtual absl::Status CastGrads(const float* accum, void* wire, std::int64_t count,
                                                double* sum_of_squares, double* partials) = 0;
-  // dst (count elements of the dtype) = src rounded to the dtype (a copy for fp32).
-  [[nodiscard]] virtual absl::Status CastParams(const float* src, void* dst,
-                                                std::int64_t count) = 0;
-  // Adam of a span of device memory: param = fp32 master, exp_avg, exp_avg_sq, grad (fp32) or
-  // grad_bf16, param_bf16 the bf16 parameters (null for fp32 models).
+  // Adam of a span of device memory: fp32 models: param (the master and the parameters),
+  // exp_avg, exp_avg_sq, grad; bf16 models: a split master (param_bf16 the parameters, param_lo
+  // the master's low halves), exp_avg, exp_avg_sq, grad_bf16.
   [[nodiscard]] virtual absl::Status Adam(const AdamStepScalars& scalars,
                                           const AdamSpan& span) = 0;
 };

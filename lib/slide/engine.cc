@@ -39,19 +39,35 @@ std::vector<std::pair<ParamRange, bool>> DecayRuns(const SlidingUnitShape& unit)
   return runs;
 }
 
-// dst[i] = bf16(src[i]) on a few threads (SetUnitParams of an 8B model converts 8e9 values).
-void ConvertToBf16(const float* src, std::uint16_t* dst, std::int64_t count) {
+// element(i) for i in [0, count) on a few threads (Set/GetUnitParams of an 8B model split or
+// join 8e9 masters).
+template <typename Element>
+void ForEachElement(std::int64_t count, const Element& element) {
   const int threads = static_cast<int>(std::clamp<std::int64_t>(count >> 22, 1, 8));
   std::vector<std::thread> pool;
   const std::int64_t per = (count + threads - 1) / threads;
   for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([=] {
+    pool.emplace_back([=, &element] {
       const std::int64_t begin = t * per;
       const std::int64_t end = std::min(count, begin + per);
-      for (std::int64_t i = begin; i < end; ++i) dst[i] = FloatToBf16Bits(src[i]);
+      for (std::int64_t i = begin; i < end; ++i) element(i);
     });
   }
   for (std::thread& thread : pool) thread.join();
+}
+
+// values -> split masters (hi, lo), and back.
+void SplitMasters(std::span<const float> values, std::uint16_t* hi, std::uint16_t* lo) {
+  ForEachElement(static_cast<std::int64_t>(values.size()), [&](std::int64_t i) {
+    const SplitBf16 split = SplitMaster(values[static_cast<std::size_t>(i)]);
+    hi[i] = split.hi;
+    lo[i] = split.lo;
+  });
+}
+void JoinMasters(const std::uint16_t* hi, const std::uint16_t* lo, std::span<float> values) {
+  ForEachElement(static_cast<std::int64_t>(values.size()), [&](std::int64_t i) {
+    values[static_cast<std::size_t>(i)] = JoinSplitMaster(hi[i], lo[i]);
+  });
 }
 
 }  // namespace
@@ -178,8 +194,8 @@ absl::Status LayerSlidingEngineImpl::AllocateDevice() {
     r.exp_avg = static_cast<float*>(m);
     r.exp_avg_sq = static_cast<float*>(v);
     if (shape_.param_dtype != SlideDtype::kFp32) {
-      PO_ASSIGN_OR_RETURN(void* master, take(n * 4));
-      r.master = static_cast<float*>(master);
+      PO_ASSIGN_OR_RETURN(void* master_lo, take(n * 2));
+      r.master_lo = static_cast<std::uint16_t*>(master_lo);
     }
   }
   // Parameter blocks: a resident borrower's holds its own parameters then its owner's.
@@ -204,14 +220,14 @@ absl::Status LayerSlidingEngineImpl::AllocateDevice() {
   const Queue compute = backend_.queue(QueueKind::kCompute);
   for (int u = 0; u < num_units_; ++u) {
     if (IsSliding(u)) continue;
-    Resident& r = resident_[static_cast<std::size_t>(u)];
-    if (shape_.param_dtype == SlideDtype::kFp32) r.master = static_cast<float*>(r.params);
+    const Resident& r = resident_[static_cast<std::size_t>(u)];
     const std::int64_t n = Own(u);
     PO_RETURN_IF_ERROR(backend_.FillAsync(compute, r.exp_avg, 0, n * 4));
     PO_RETURN_IF_ERROR(backend_.FillAsync(compute, r.exp_avg_sq, 0, n * 4));
-    PO_RETURN_IF_ERROR(backend_.FillAsync(compute, r.master, 0, n * 4));
-    if (r.master != r.params) {
-      PO_RETURN_IF_ERROR(backend_.FillAsync(compute, r.params, 0, (n * dtype_bytes_ + 3) / 4 * 4));
+    // Whole 4-byte words (FillAsync's unit): the arena's blocks are 256-byte aligned.
+    PO_RETURN_IF_ERROR(backend_.FillAsync(compute, r.params, 0, (n * dtype_bytes_ + 3) / 4 * 4));
+    if (r.master_lo != nullptr) {
+      PO_RETURN_IF_ERROR(backend_.FillAsync(compute, r.master_lo, 0, (n * 2 + 3) / 4 * 4));
     }
   }
   return backend_.Synchronize(options_.timeout_seconds);
@@ -226,7 +242,7 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
     if (!IsSliding(u)) continue;
     const std::int64_t n = Own(u);
     largest_sliding = std::max(largest_sliding, n);
-    if (!fp32) pageable += CarvedBytes(4 * n);  // master
+    if (!fp32) pageable += CarvedBytes(2 * n);  // the master's low halves (upload: high)
     if (!plan_.nvme[static_cast<std::size_t>(u)]) pageable += 2 * CarvedBytes(4 * n);  // m, v
     upload += CarvedBytes(fp32 ? 4 * n : dtype_bytes_ * n);
     if (park) grads += CarvedBytes(dtype_bytes_ * n);
@@ -271,7 +287,7 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
       h.master = static_cast<float*>(uploads.Carve(4 * n, ArrayKind::kMaster));
       h.upload = h.master;
     } else {
-      h.master = static_cast<float*>(state.Carve(4 * n, ArrayKind::kMaster));
+      h.master_lo = static_cast<std::uint16_t*>(state.Carve(2 * n, ArrayKind::kMaster));
       h.upload = uploads.Carve(dtype_bytes_ * n, ArrayKind::kUpload);
     }
     if (!h.nvme) {
@@ -384,34 +400,55 @@ absl::Status LayerSlidingEngineImpl::SetUnitParams(int unit, std::span<const flo
   PO_RETURN_IF_ERROR(CheckUnit(unit, values.size(), "SetUnitParams"));
   PO_RETURN_IF_ERROR(Flush());
   const std::int64_t n = Own(unit);
+  const bool fp32 = shape_.param_dtype == SlideDtype::kFp32;
   if (IsSliding(unit)) {
     UnitHostState& h = host_[static_cast<std::size_t>(unit)];
-    std::memcpy(h.master, values.data(), static_cast<std::size_t>(n) * 4);
-    if (h.upload != h.master) {
-      ConvertToBf16(h.master, static_cast<std::uint16_t*>(h.upload), n);
+    if (fp32) {
+      std::memcpy(h.master, values.data(), static_cast<std::size_t>(n) * 4);
+    } else {
+      SplitMasters(values, static_cast<std::uint16_t*>(h.upload), h.master_lo);
     }
     return absl::OkStatus();
   }
   const Resident& r = resident_[static_cast<std::size_t>(unit)];
-  PO_RETURN_IF_ERROR(backend_.CopyAsync(backend_.queue(QueueKind::kH2D), r.master, values.data(),
-                                        n * 4));
-  PO_RETURN_IF_ERROR(backend_.Synchronize(options_.timeout_seconds));
-  PO_RETURN_IF_ERROR(device_ops_->CastParams(r.master, r.params, n));
+  const Queue h2d = backend_.queue(QueueKind::kH2D);
+  if (fp32) {
+    PO_RETURN_IF_ERROR(backend_.CopyAsync(h2d, r.params, values.data(), n * 4));
+    return backend_.Synchronize(options_.timeout_seconds);
+  }
+  std::vector<std::uint16_t> hi(static_cast<std::size_t>(n)), lo(static_cast<std::size_t>(n));
+  SplitMasters(values, hi.data(), lo.data());
+  PO_RETURN_IF_ERROR(backend_.CopyAsync(h2d, r.params, hi.data(), n * 2));
+  PO_RETURN_IF_ERROR(backend_.CopyAsync(h2d, r.master_lo, lo.data(), n * 2));
   return backend_.Synchronize(options_.timeout_seconds);
 }
 
 absl::Status LayerSlidingEngineImpl::GetUnitParams(int unit, std::span<float> values) {
   PO_RETURN_IF_ERROR(CheckUnit(unit, values.size(), "GetUnitParams"));
   PO_RETURN_IF_ERROR(Flush());
+  const std::int64_t n = Own(unit);
+  const bool fp32 = shape_.param_dtype == SlideDtype::kFp32;
   if (IsSliding(unit)) {
-    std::memcpy(values.data(), host_[static_cast<std::size_t>(unit)].master,
-                values.size() * sizeof(float));
+    const UnitHostState& h = host_[static_cast<std::size_t>(unit)];
+    if (fp32) {
+      std::memcpy(values.data(), h.master, values.size() * sizeof(float));
+    } else {
+      JoinMasters(static_cast<const std::uint16_t*>(h.upload), h.master_lo, values);
+    }
     return absl::OkStatus();
   }
-  PO_RETURN_IF_ERROR(backend_.CopyAsync(backend_.queue(QueueKind::kD2H), values.data(),
-                                        resident_[static_cast<std::size_t>(unit)].master,
-                                        Own(unit) * 4));
-  return backend_.Synchronize(options_.timeout_seconds);
+  const Resident& r = resident_[static_cast<std::size_t>(unit)];
+  const Queue d2h = backend_.queue(QueueKind::kD2H);
+  if (fp32) {
+    PO_RETURN_IF_ERROR(backend_.CopyAsync(d2h, values.data(), r.params, n * 4));
+    return backend_.Synchronize(options_.timeout_seconds);
+  }
+  std::vector<std::uint16_t> hi(static_cast<std::size_t>(n)), lo(static_cast<std::size_t>(n));
+  PO_RETURN_IF_ERROR(backend_.CopyAsync(d2h, hi.data(), r.params, n * 2));
+  PO_RETURN_IF_ERROR(backend_.CopyAsync(d2h, lo.data(), r.master_lo, n * 2));
+  PO_RETURN_IF_ERROR(backend_.Synchronize(options_.timeout_seconds));
+  JoinMasters(hi.data(), lo.data(), values);
+  return absl::OkStatus();
 }
 
 absl::Status LayerSlidingEngineImpl::GetUnitOptimizerState(int unit, std::span<float> exp_avg,

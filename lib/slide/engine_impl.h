@@ -27,10 +27,12 @@
 //  - Buffers: everything on the device is carved from one DeviceArena made at creation; host
 //    memory from HostBlocks made at creation. Nothing is allocated in a step (trace events
 //    excepted, and only with record_trace).
-//  - Parameters: a sliding unit's truth is its fp32 master on the host; its upload copy (bf16,
-//    or the master itself for fp32 models) is rewritten only by its update, which runs after
+//  - Parameters: a sliding unit's truth is its fp32 master on the host; its upload copy (the
+//    master itself for fp32 models; for bf16 ones the master is split, adam.h's SplitMaster,
+//    and the upload copy is its high half) is rewritten only by its update, which runs after
 //    the unit's last use of the step and before its first upload of the next step. A resident
-//    unit's master, m, v, wire gradients and parameters stay on the device; a resident
+//    unit's master (split the same way), m, v, wire gradients and parameters stay on the
+//    device; a resident
 //    borrower's parameter block holds its own parameters followed by its owner's (the owner's
 //    parameter pointer points into it), so the borrower's view is contiguous.
 #ifndef PIPEOFFLOAD_LIB_SLIDE_ENGINE_IMPL_H_
@@ -81,7 +83,7 @@ class LayerSlidingEngineImpl final : public LayerSlidingEngine {
   struct Resident {
     void* params = nullptr;  // own parameters (dtype); a borrower's block continues with its owner's
     void* grads = nullptr;   // own wire gradients
-    float* master = nullptr;  // == params for fp32 models
+    std::uint16_t* master_lo = nullptr;  // bf16 models: the master's low halves (params: high)
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
   };

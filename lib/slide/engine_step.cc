@@ -296,15 +296,16 @@ absl::Status LayerSlidingEngineImpl::GpuUpdate(int unit) {
   PO_ASSIGN_OR_RETURN(const std::optional<Event> mark, recorder_->Begin(compute));
   for (const auto& [run, decay] : host_[static_cast<std::size_t>(unit)].runs) {
     AdamSpan span;
-    span.param = r.master + run.offset;
     span.exp_avg = r.exp_avg + run.offset;
     span.exp_avg_sq = r.exp_avg_sq + run.offset;
     const std::byte* grads = static_cast<const std::byte*>(r.grads) + run.offset * dtype_bytes_;
     if (shape_.param_dtype == SlideDtype::kFp32) {
+      span.param = static_cast<float*>(r.params) + run.offset;
       span.grad = reinterpret_cast<const float*>(grads);
     } else {
+      span.param_bf16 = static_cast<std::uint16_t*>(r.params) + run.offset;  // split master
+      span.param_lo = r.master_lo + run.offset;
       span.grad_bf16 = reinterpret_cast<const std::uint16_t*>(grads);
-      span.param_bf16 = static_cast<std::uint16_t*>(r.params) + run.offset;
     }
     span.count = run.count;
     PO_RETURN_IF_ERROR(device_ops_->Adam(decay ? step_scalars_->decay : step_scalars_->no_decay, span));

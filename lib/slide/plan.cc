@@ -6,8 +6,12 @@
 // resident units, which the GPU updates in milliseconds. Units are made resident from the
 // bottom up (embedding, layer 0, ...): their gradients are the last of the backward, so on the
 // CPU their updates would sit on the critical path into the next step's first forwards. A unit
-// that does not fit is skipped and the next one tried; the head may go first when that leaves
-// more parameters on the GPU (see PlanSliding).
+// that does not fit is skipped and the next one tried; the head may go first instead (see
+// PlanSliding). The highest sliding unit is the exception to "the CPU's work is critical": its
+// gradients land first and its next forward comes last, so the update worker defers it into the
+// CPU's idle time during the next forward (update_worker.h); the plan therefore minimises the
+// sliding parameters *below* the top sliding unit, which is why a sliding head with two more
+// resident layers beats a resident head on Llama-3-8B in 24 GiB (docs/sliding.md).
 #include <algorithm>
 #include <numeric>
 
@@ -130,11 +134,12 @@ DeviceBytes CountDevice(const SlidingModelShape& shape, const SlidingOptions& o,
     largest_own = std::max(largest_own, unit.param_count);
     largest_workspace = std::max(largest_workspace, unit.workspace_bytes);
     if (placement[u] == UnitPlace::kResident) {
-      // Parameters (for fp32 the master is the parameter array), wire gradients, m, v, and for
-      // bf16 the fp32 master: 16 B per parameter either way.
+      // Parameters, wire gradients, m, v; for fp32 the master is the parameter array (16 B per
+      // parameter), for bf16 the parameters are the split master's high halves and its low
+      // halves take 2 B more (14 B per parameter).
       const std::int64_t n = unit.param_count;
       d.resident += Round(n * dtype, kAlign) + Round(n * dtype, kAlign) + 2 * Round(n * 4, kAlign);
-      if (shape.param_dtype != SlideDtype::kFp32) d.resident += Round(n * 4, kAlign);
+      if (shape.param_dtype != SlideDtype::kFp32) d.resident += Round(n * 2, kAlign);
     }
   }
   d.accumulator = Round(largest_view * 4, kAlign);
@@ -198,9 +203,11 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
   }
   if (!options.all_resident && options.placement.empty()) {
     // Greedy from the bottom; and the same after the head first, since a resident head also
-    // frees the ring's big slot and shrinks the accumulator (Llama-3-8B in 24 GiB: embedding +
-    // head + layer 0 hold 1.27e9 parameters, embedding + layers 0-1 only 0.96e9). The plan
-    // keeps whichever holds more parameters on the GPU.
+    // frees the ring's big slot and shrinks the accumulator. The plan keeps whichever leaves
+    // fewer sliding parameters on the critical path (all but the top sliding unit's, which is
+    // updated in the next forward's CPU idle time), then whichever holds more on the GPU.
+    // Llama-3-8B in 24 GiB: embedding + layers 0-1 resident with a sliding head leaves 30
+    // layers critical; embedding + head resident leaves 31 (measured: 1.92 s vs 2.06 s).
     auto greedy = [&](std::vector<int> order) {
       std::vector<UnitPlace> p = placement;
       for (int u : order) {
@@ -228,7 +235,23 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
     std::rotate(head_first.rbegin(), head_first.rbegin() + 1, head_first.rend());
     const std::vector<UnitPlace> bottom_up = greedy(ascending);
     const std::vector<UnitPlace> with_head = greedy(head_first);
-    placement = resident_params(with_head) > resident_params(bottom_up) ? with_head : bottom_up;
+    auto critical_params = [&](const std::vector<UnitPlace>& p) {
+      std::int64_t n = 0;
+      bool top = true;
+      for (std::size_t u = num_units; u-- > 0;) {
+        if (p[u] != UnitPlace::kSliding) continue;
+        if (!top) n += shape.units[u].param_count;
+        top = false;
+      }
+      return n;
+    };
+    const std::int64_t critical_head = critical_params(with_head);
+    const std::int64_t critical_bottom = critical_params(bottom_up);
+    placement = critical_head < critical_bottom ||
+                        (critical_head == critical_bottom &&
+                         resident_params(with_head) > resident_params(bottom_up))
+                    ? with_head
+                    : bottom_up;
   }
 
   SlidingPlan plan;
@@ -268,14 +291,15 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
     const std::int64_t n = unit.param_count;
     sliding_own += n;
     largest_sliding_own = std::max(largest_sliding_own, n);
-    // fp32 master (pinned when it is the upload source, fp32 models), m and v (pageable unless
-    // on NVMe), and the device-format upload copy (pinned).
-    const std::int64_t state = plan.nvme[u] ? 4 : 12;
+    // m and v (pageable unless on NVMe) and the fp32 master: fp32 models: the master is the
+    // pinned upload source; bf16 models: it is split, its high halves the pinned upload copy
+    // and its low halves pageable (12 B per parameter in all without NVMe, 4 B with).
+    const std::int64_t moments = plan.nvme[u] ? 0 : 8;
     if (shape.param_dtype == SlideDtype::kFp32) {
       plan.host_pinned_bytes += 4 * n;
-      plan.host_pageable_bytes += (state - 4) * n;
+      plan.host_pageable_bytes += moments * n;
     } else {
-      plan.host_pageable_bytes += state * n;
+      plan.host_pageable_bytes += (moments + 2) * n;
       plan.host_pinned_bytes += dtype * n;
     }
     if (plan.nvme[u]) {
@@ -284,7 +308,7 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
     }
   }
   plan.landing_buffers =
-      park ? 0 : (options.landing_buffers > 0 ? options.landing_buffers : 2);
+      park ? 0 : (options.landing_buffers > 0 ? options.landing_buffers : 3);
   if (sliding_own > 0) {
     plan.host_pinned_bytes += park ? dtype * sliding_own
                                    : plan.landing_buffers * dtype * largest_sliding_own;

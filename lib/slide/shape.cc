@@ -82,6 +82,38 @@ absl::Status ValidateSlidingModelShape(const SlidingModelShape& shape) {
   return absl::OkStatus();
 }
 
+absl::Status CheckUnitCall(const SlidingModelShape& shape, const UnitCall& call, bool backward,
+                           int num_microbatches, std::string_view model) {
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(model), ": unit ", call.unit,
+                                                   " mb ", call.mb, ": ", std::string(why)));
+  };
+  const int num_units = static_cast<int>(shape.units.size());
+  if (num_microbatches == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(std::string(model), ": unit ", call.unit,
+                                                      " mb ", call.mb, ": called before BeginStep"));
+  }
+  if (call.unit < 0 || call.unit >= num_units) return bad("unit out of range");
+  if (!backward && call.unit == num_units - 1) {
+    return bad("the last unit has no Forward (its forward runs inside Backward)");
+  }
+  if (call.num_microbatches != num_microbatches) {
+    return bad("num_microbatches differs from BeginStep's");
+  }
+  if (call.mb < 0 || call.mb >= num_microbatches) return bad("mb out of range");
+  if (call.params == nullptr) return bad("null params");
+  if (call.unit > 0 && call.input == nullptr) return bad("null input");
+  if (shape.units[static_cast<std::size_t>(call.unit)].workspace_bytes > 0 &&
+      call.workspace == nullptr) {
+    return bad("null workspace");
+  }
+  if (!backward) return call.output == nullptr ? bad("null output") : absl::OkStatus();
+  if (call.unit < num_units - 1 && call.grad_output == nullptr) return bad("null grad_output");
+  if (call.unit > 0 && call.grad_input == nullptr) return bad("null grad_input");
+  if (call.grad_accum == nullptr) return bad("null grad_accum");
+  return absl::OkStatus();
+}
+
 int SlidingPlan::resident_units() const {
   return static_cast<int>(std::count(placement.begin(), placement.end(), UnitPlace::kResident));
 }

@@ -18,6 +18,12 @@ UpdateWorker::UpdateWorker(Backend& backend, CpuAdam& adam, SlideDtype dtype,
       dtype_(dtype),
       units_(units),
       timeout_seconds_(timeout_seconds),
+      top_sliding_unit_([&units] {
+        for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+          if (units[static_cast<std::size_t>(u)].upload != nullptr) return u;
+        }
+        return -1;
+      }()),
       nvme_(nvme),
       recorder_(recorder),
       landing_free_(static_cast<std::size_t>(landing_buffers), true),
@@ -113,11 +119,18 @@ std::vector<std::int64_t> UpdateWorker::update_counts() const {
 void UpdateWorker::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    // The runnable task of the lowest unit (its step's scalars are known).
+    // The runnable task (its step's scalars are known) of the lowest unit whose next chunk
+    // has landed, else of the lowest unit.
     auto best = tasks_.end();
+    bool best_landed = false;
     for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
       if (scalars_.count(it->step) == 0) continue;
-      if (best == tasks_.end() || it->unit < best->unit) best = it;
+      const bool landed = NextChunkLanded(*it);
+      if (best == tasks_.end() || (landed && !best_landed) ||
+          (landed == best_landed && it->unit < best->unit)) {
+        best = it;
+        best_landed = landed;
+      }
     }
     if (stop_ || !error_.ok()) return;
     if (best == tasks_.end()) {
@@ -132,6 +145,10 @@ void UpdateWorker::Run() {
     const absl::Status status = Process(task, scalars);
     lock.lock();
     --running_;
+    if (status.ok() && task.next_chunk < task.chunks.size()) {  // preempted: back in the queue
+      tasks_.push_back(std::move(task));
+      continue;
+    }
     if (!status.ok()) {
       error_ = Annotate(status, absl::StrCat("CPU update of ", units_[static_cast<std::size_t>(task.unit)].name));
     } else {
@@ -144,8 +161,23 @@ void UpdateWorker::Run() {
   }
 }
 
-absl::Status UpdateWorker::Process(const UpdateTask& task,
-                                   const std::optional<StepScalars>& scalars) {
+bool UpdateWorker::NextChunkLanded(const UpdateTask& task) {
+  if (task.next_chunk >= task.chunks.size()) return true;
+  const absl::StatusOr<bool> landed = backend_.QueryEvent(task.chunks[task.next_chunk].landed);
+  return !landed.ok() || *landed;  // an error surfaces in the wait that follows
+}
+
+bool UpdateWorker::LowerTaskReady(int unit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const UpdateTask& other : tasks_) {
+    if (other.unit < unit && scalars_.count(other.step) != 0 && NextChunkLanded(other)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status UpdateWorker::Process(UpdateTask& task, const std::optional<StepScalars>& scalars) {
   UnitHostState& unit = units_[static_cast<std::size_t>(task.unit)];
   float* exp_avg = unit.exp_avg;
   float* exp_avg_sq = unit.exp_avg_sq;
@@ -156,7 +188,11 @@ absl::Status UpdateWorker::Process(const UpdateTask& task,
   }
   const std::int64_t grad_bytes = SlideDtypeBytes(dtype_);
   double adam_seconds = 0.0;
-  for (const UpdateChunk& chunk : task.chunks) {
+  const bool preemptible = task.unit == top_sliding_unit_ && !unit.nvme && scalars.has_value() &&
+                           (task.landing < 0 || landing_free_.size() >= 3);
+  for (; task.next_chunk < task.chunks.size(); ++task.next_chunk) {
+    const UpdateChunk& chunk = task.chunks[task.next_chunk];
+    if (preemptible && adam_seconds > 0.0 && LowerTaskReady(task.unit)) break;
     PO_RETURN_IF_ERROR(backend_.WaitEvent(chunk.landed, timeout_seconds_));
     if (!scalars.has_value()) continue;
     const double start = backend_.NowSeconds();
@@ -166,15 +202,16 @@ absl::Status UpdateWorker::Process(const UpdateTask& task,
       const std::int64_t end = std::min(run.offset + run.count, chunk_end);
       if (begin >= end) continue;
       AdamSpan span;
-      span.param = unit.master + begin;
       span.exp_avg = exp_avg + begin;
       span.exp_avg_sq = exp_avg_sq + begin;
       const auto* grads = static_cast<const std::byte*>(task.grads) + begin * grad_bytes;
       if (dtype_ == SlideDtype::kFp32) {
+        span.param = unit.master + begin;
         span.grad = reinterpret_cast<const float*>(grads);
       } else {
+        span.param_bf16 = static_cast<std::uint16_t*>(unit.upload) + begin;  // split master
+        span.param_lo = unit.master_lo + begin;
         span.grad_bf16 = reinterpret_cast<const std::uint16_t*>(grads);
-        span.param_bf16 = static_cast<std::uint16_t*>(unit.upload) + begin;
       }
       span.count = end - begin;
       PO_RETURN_IF_ERROR(adam_.Update(decay ? scalars->decay : scalars->no_decay, span));
@@ -187,7 +224,9 @@ absl::Status UpdateWorker::Process(const UpdateTask& task,
     record.unit = task.unit;
     record.start = start;
     record.end = end;
-    record.bytes = chunk.count * (28 + grad_bytes - 2);
+    // fp32: p, m, v, g read (16 B), p, m, v written; bf16: halves, m, v, g read (14 B), halves,
+    // m, v written.
+    record.bytes = chunk.count * (dtype_ == SlideDtype::kFp32 ? 28 : 26);
     recorder_.AddHost(std::move(record));
   }
   if (unit.nvme && scalars.has_value()) PO_RETURN_IF_ERROR(nvme_->Release(task.unit));

@@ -9,9 +9,15 @@
 //  - A task runs once its step's scalars are known (SetScalars: at the step's start without
 //    clipping, at the norm with it). With scalars "skip" (a non-finite norm under clipping) the
 //    worker still waits the task's copies and marks the unit done, writing nothing.
-//  - Among runnable tasks the lowest unit index goes first: during the backward that is the
-//    order gradients land; after it, it is the next step's forward order (the earliest
-//    deadline).
+//  - Among runnable tasks the lowest unit index whose next chunk has landed goes first (the
+//    lowest overall when none has landed): during the backward that is the order gradients
+//    land; after it, it is the next step's forward order (the earliest deadline). A task is
+//    preempted between chunks when a lower unit's next chunk has landed, so a unit with a late
+//    deadline (the LM head, whose gradients land first) fills the CPU's idle time instead of
+//    delaying the layers below it. Only the highest sliding unit's task is preempted, and only
+//    when its gradients are parked or at least 3 landing buffers exist (a deferred task keeps
+//    its landing buffer; the layers below need the others). Units with m, v on NVMe hold a
+//    staging set and are never preempted.
 //  - updated_step(u) only grows; it is the last step whose update of u has finished (or was
 //    skipped). The engine's first upload of u in step s waits for updated_step(u) >= s - 1, so
 //    no step reads parameters an update is still writing, and no update is ever stale.
@@ -42,13 +48,16 @@ namespace pipeoffload::internal {
 
 class NvmeTier;
 
-// A sliding unit's host state. master / exp_avg / exp_avg_sq are param_count floats (m and v
-// null when they live on NVMe); `upload` is the device-format copy the next forward uploads
-// (the master itself for fp32 models).
+// A sliding unit's host state (`upload` null for resident units). exp_avg / exp_avg_sq are
+// param_count floats (null when they live on NVMe); `upload` is the device-format copy the next
+// forward uploads. The fp32 master is `master` for fp32 models (and `upload` is the master
+// itself); for bf16 models it is split (adam.h's SplitMaster): `upload` holds its high halves
+// and `master_lo` its low halves, `master` is null.
 struct UnitHostState {
   std::string name;
   std::int64_t count = 0;
   float* master = nullptr;
+  std::uint16_t* master_lo = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   void* upload = nullptr;
@@ -69,6 +78,7 @@ struct UpdateTask {
   const void* grads = nullptr;  // host wire gradients of the whole unit (landing or parked)
   int landing = -1;             // the landing buffer to return, or -1 (parked)
   std::vector<UpdateChunk> chunks;
+  std::size_t next_chunk = 0;   // chunks before it are done (the task was preempted)
 };
 
 // Scalars of one step: for weight-decayed runs and for the others.
@@ -107,7 +117,13 @@ class UpdateWorker {
 
  private:
   void Run();
-  absl::Status Process(const UpdateTask& task, const std::optional<StepScalars>& scalars);
+  // Runs `task`'s chunks from next_chunk on, advancing it; returns early (task unfinished)
+  // when a lower unit's task becomes ready.
+  absl::Status Process(UpdateTask& task, const std::optional<StepScalars>& scalars);
+  // Whether `task`'s next chunk has landed. Under mu_.
+  bool NextChunkLanded(const UpdateTask& task);
+  // Whether a runnable task of a unit below `unit` has its next chunk landed. Locks mu_.
+  bool LowerTaskReady(int unit);
   absl::Status WaitFor(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready,
                        std::string_view what);
 
@@ -116,6 +132,7 @@ class UpdateWorker {
   const SlideDtype dtype_;
   std::vector<UnitHostState>& units_;
   const double timeout_seconds_;
+  const int top_sliding_unit_;  // the highest sliding unit (-1: none)
   NvmeTier* const nvme_;
   SlideRecorder& recorder_;
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -205,16 +206,21 @@ TEST_CASE("sliding on the GPU stays within its device budget", "[sliding_gpu]") 
 }
 
 TEST_CASE("sliding on the GPU: the loss falls on real text", "[sliding_gpu]") {
-  // The repository's own README and benchmark notes: English prose, tables and code.
-  auto data = TokenData::FromFile("docs/benchmarks.md", DataFormat::kBytes);
+  // A fixed snapshot of the repository's README and gpt_train guide (English prose, tables,
+  // code), so that editing the docs cannot change this test's outcome.
+  auto data = TokenData::FromFile("tests/data/real_text.txt", DataFormat::kBytes);
   REQUIRE(data.ok());
   const LlamaConfig config = SlideConfig(false);
   SlidingOptions o = Sliding(config, 2);
   o.max_grad_norm = 1.0;
   const Run run = Train(config, *data, o, 150, 2e-3f);
-  std::printf("real text: loss %.4f -> %.4f, unigram entropy %.4f\n", run.losses.front(),
-              run.losses.back(), data->UnigramEntropyNats());
-  CHECK(run.losses.back() < data->UnigramEntropyNats() - 0.3);
+  // One step's loss is one microbatch pair's (512 tokens): it swings by +-0.5 nats between
+  // windows of prose and of tables. The mean of the last 20 steps is what the model learned
+  // (the fp32 CPU trainer with these seeds: 2.71 against a unigram entropy of 3.39).
+  const double last = std::accumulate(run.losses.end() - 20, run.losses.end(), 0.0) / 20.0;
+  std::printf("real text: loss %.4f -> %.4f (mean of the last 20 steps), unigram entropy %.4f\n",
+              run.losses.front(), last, data->UnigramEntropyNats());
+  CHECK(last < data->UnigramEntropyNats() - 0.3);
 }
 
 }  // namespace

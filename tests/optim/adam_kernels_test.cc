@@ -14,25 +14,19 @@
 #include "lib/optim/adam_kernels.h"
 #include "pipeoffload/adam.h"
 #include "tests/optim/adam_test_data.h"
+#include "tests/optim/adam_test_impls.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
 namespace {
 
 using testing::AdamBuffers;
+using testing::AvailableIsas;
 using testing::ArrayOffsets;
 using testing::Bits;
 using testing::CompareBuffers;
 using testing::FromBits;
 using testing::kUnaligned;
-
-std::vector<CpuIsa> AvailableIsas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (CpuSupports(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
 
 // PO_OPTIM_REQUIRE_ISAS=avx2,avx512: those ISAs must be available (so a run that was meant to
 // exercise them cannot pass by silently testing less).
@@ -74,13 +68,7 @@ TEST_CASE("every available ISA and CpuAdam match the scalar reference bitwise", 
   // for each ISA (its cuts fall inside the larger spans), each on arrays at different
   // misalignments and on 64-byte aligned arrays (where the bf16 copy takes the non-temporal
   // store path).
-  struct Impl {
-    std::string name;
-    internal::AdamKernel kernel;  // or null: use cpu_adam
-    std::unique_ptr<CpuAdam> cpu_adam;
-    ArrayOffsets offsets;
-    std::int64_t prefetch_bytes = 0;
-  };
+  using Impl = testing::AdamImpl<ArrayOffsets>;
   std::vector<Impl> impls;
   for (CpuIsa isa : isas) {
     for (const bool aligned : {false, true}) {

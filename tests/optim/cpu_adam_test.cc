@@ -14,6 +14,7 @@
 #include "lib/optim/worker_pool.h"
 #include "pipeoffload/adam.h"
 #include "tests/optim/adam_test_data.h"
+#include "tests/optim/adam_test_impls.h"
 #include "tests/testing/catch.h"
 
 #if defined(__x86_64__)
@@ -28,17 +29,7 @@ using testing::ArrayOffsets;
 using testing::Bits;
 using testing::CompareBuffers;
 using testing::kUnaligned;
-
-std::unique_ptr<CpuAdam> MakeCpuAdam(int threads, CpuIsa isa) {
-  CpuAdamOptions options;
-  options.threads = threads;
-  options.isa = isa;
-  options.pick_best_isa = false;
-  auto cpu_adam = CpuAdam::Create(options);
-  REQUIRE(cpu_adam.ok());
-  REQUIRE((*cpu_adam)->threads() == threads);
-  return std::move(*cpu_adam);
-}
+using testing::MakeCpuAdam;
 
 TEST_CASE("CpuAdam::Update gives the same bits for every thread count", "[optim][threads]") {
   // 2^20 + 37 elements: at 64 Ki elements per thread minimum, every count below uses all its

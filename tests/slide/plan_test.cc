@@ -34,24 +34,56 @@ TEST_CASE("PlanSliding counts every device and host byte of an all-sliding plan"
   CHECK(plan->device_engine_bytes == 256 + 256 + 8 * 256);
   CHECK(plan->device_model_bytes == 8192);
   CHECK(plan->device_total_bytes == 80384);
-  // fp32: the master is the upload source (pinned); m, v pageable; two landing buffers of the
+  // fp32: the master is the upload source (pinned); m, v pageable; three landing buffers of the
   // largest unit; checkpoints of units 1..3 for 2 microbatches; the per-unit sums.
   CHECK(plan->host_pageable_bytes == 8 * 10000);
-  CHECK(plan->host_pinned_bytes == 4 * 10000 + 2 * 4 * 2000 + 3 * 2 * 1024 + 8 * 6);
-  CHECK(plan->landing_buffers == 2);
+  CHECK(plan->host_pinned_bytes == 4 * 10000 + 3 * 4 * 2000 + 3 * 2 * 1024 + 8 * 6);
+  CHECK(plan->landing_buffers == 3);
   CHECK(plan->nvme_bytes == 0);
   CHECK(plan->resident_units() == 0);
 }
 
-TEST_CASE("PlanSliding makes units resident from the bottom while the budget holds them",
+TEST_CASE("PlanSliding counts a bf16 model's split masters: 12 B per sliding parameter on the "
+          "host, 14 B per resident one on the device",
+          "[slide][plan]") {
+  SlidingModelShape shape = TestShape(4, 1000, 2000, 1000);
+  shape.param_dtype = SlideDtype::kBf16;
+  SlidingOptions options = Options(1 << 30);
+  options.placement.assign(6, UnitPlace::kSliding);
+  options.placement[0] = UnitPlace::kResident;  // the embedding: 1000 parameters
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, options);
+  REQUIRE(plan.ok());
+  // Sliding: 9000 parameters. Pageable: m, v and the masters' low halves (10 B); pinned: the
+  // high halves (the upload copies, 2 B), three bf16 landing buffers of a layer, checkpoints
+  // of units 1..3 for 2 microbatches, the per-unit sums.
+  CHECK(plan->host_pageable_bytes == 10 * 9000);
+  CHECK(plan->host_pinned_bytes == 2 * 9000 + 3 * 2 * 2000 + 3 * 2 * 1024 + 8 * 6);
+  // Resident embedding: parameters (the high halves) 2000 B -> 2048, gradients 2048, m and v
+  // 4096 each, low halves 2048: 14 B per parameter, each array rounded to 256 B.
+  CHECK(plan->device_resident_bytes == 2048 + 2048 + 4096 + 4096 + 2048);
+  // Slots of bf16 parameters and gradients: 4000 B each, rounded to 4096.
+  CHECK(plan->device_slot_bytes == 3 * 2 * 4096);
+  // With m, v of half the sliding units (the top 3 of 5) on NVMe: 4 B per parameter there.
+  options.nvme_dir = "/nonexistent-but-only-planned";
+  options.nvme_fraction = 0.5;
+  const absl::StatusOr<SlidingPlan> nvme = PlanSliding(shape, options);
+  REQUIRE(nvme.ok());
+  CHECK(nvme->nvme == std::vector<bool>{false, false, false, true, true, true});
+  CHECK(nvme->host_pageable_bytes == 10 * 9000 - 8 * (2000 + 2000 + 1000));
+  CHECK(nvme->nvme_bytes == 2 * (8192 + 8192 + 4096));
+}
+
+TEST_CASE("PlanSliding makes the unit resident that takes the most off the CPU's critical path",
           "[slide][plan]") {
   const SlidingModelShape shape = TestShape(4, 1000, 2000, 1000);
   // The all-sliding plan (80384 B) plus exactly one 1000-element resident unit (params, grads,
-  // m, v: 4 x 4096 B): the embedding goes resident, nothing else fits.
+  // m, v: 4 x 4096 B). The embedding resident leaves the 4 layers below the (deferred) head on
+  // the critical path, 8000 elements; the head resident leaves the embedding and layers 0-2
+  // below the deferred layer.3, 7000: the head goes resident, nothing else fits.
   const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, Options(80384 + 16384));
   REQUIRE(plan.ok());
-  CHECK(plan->placement[0] == UnitPlace::kResident);
-  for (int u = 1; u < 6; ++u) CHECK(plan->placement[static_cast<std::size_t>(u)] == UnitPlace::kSliding);
+  CHECK(plan->placement[5] == UnitPlace::kResident);
+  for (int u = 0; u < 5; ++u) CHECK(plan->placement[static_cast<std::size_t>(u)] == UnitPlace::kSliding);
   CHECK(plan->device_resident_bytes == 16384);
   CHECK(plan->device_total_bytes == 80384 + 16384);
   // One byte less: the embedding does not fit, the head (also 1000) neither.
@@ -100,7 +132,7 @@ TEST_CASE("PlanSliding keeps a tied head where its embedding is", "[slide][plan]
   const absl::StatusOr<SlidingPlan> sliding = PlanSliding(shape, options);
   REQUIRE(sliding.ok());
   CHECK(sliding->host_pinned_bytes ==
-        4 * 9010 + 2 * 4 * 2000 + 3 * 2 * 1024 + 4 * 1000 + 8 * 6);
+        4 * 9010 + 3 * 4 * 2000 + 3 * 2 * 1024 + 4 * 1000 + 8 * 6);
 }
 
 TEST_CASE("PlanSliding says how much a budget too small for one unit needs", "[slide][plan]") {
@@ -160,6 +192,35 @@ TEST_CASE("PlanSliding rejects bad options by name", "[slide][plan]") {
   no_units.activation_bytes = 4;
   CHECK(PlanSliding(no_units, Options(1 << 20)).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("PlanSliding prefers a sliding head when that leaves fewer layers on the CPU's critical path",
+          "[slide][plan]") {
+  // Llama-3-8B's proportions: embedding and head 3x a layer. With the budget of "embedding +
+  // layers 0-1 resident, head sliding" (A), "embedding + head resident" (B) also fits but leaves
+  // 7 sliding layers, 6 of them below the top sliding unit; A leaves 6 layers and the head, whose
+  // update the worker defers into the next forward: 6 layers below it, with fewer parameters.
+  const SlidingModelShape shape = TestShape(8, 6000, 2000, 6000);
+  const auto placed = [](std::vector<int> resident) {
+    std::vector<UnitPlace> p(10, UnitPlace::kSliding);
+    for (int u : resident) p[static_cast<std::size_t>(u)] = UnitPlace::kResident;
+    return p;
+  };
+  SlidingOptions a = Options(std::int64_t{1} << 30);
+  a.placement = placed({0, 1, 2});
+  SlidingOptions b = Options(std::int64_t{1} << 30);
+  b.placement = placed({0, 9});
+  const absl::StatusOr<SlidingPlan> plan_a = PlanSliding(shape, a);
+  const absl::StatusOr<SlidingPlan> plan_b = PlanSliding(shape, b);
+  REQUIRE(plan_a.ok());
+  REQUIRE(plan_b.ok());
+  REQUIRE(plan_b->device_total_bytes <= plan_a->device_total_bytes);
+  CHECK(plan_a->slot_elements == std::vector<std::int64_t>{6000, 2000, 2000, 2000});
+
+  const absl::StatusOr<SlidingPlan> planned = PlanSliding(shape, Options(plan_a->device_total_bytes));
+  REQUIRE(planned.ok());
+  CHECK(planned->placement == plan_a->placement);
+  CHECK(planned->landing_buffers == 3);
 }
 
 }  // namespace

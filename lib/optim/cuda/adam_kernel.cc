@@ -92,7 +92,8 @@ absl::Status LaunchAdamUpdate(const AdamStepScalars& scalars, const AdamSpan& de
       scalars.decay_factor,    scalars.inv_sqrt_bias_correction2,
       scalars.epsilon,         scalars.step_size,      device_span.param,
       device_span.exp_avg,     device_span.exp_avg_sq, device_span.grad,
-      device_span.param_bf16,  device_span.count,      device_span.grad_bf16};
+      device_span.param_bf16,  device_span.count,      device_span.grad_bf16,
+      device_span.param_lo};
   PO_CUDA_RETURN_IF_ERROR(internal::LaunchAdamKernel(args, stream));
   return absl::OkStatus();
 }

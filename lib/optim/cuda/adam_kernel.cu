@@ -35,6 +35,23 @@ __device__ __forceinline__ std::uint16_t ToBf16(float value) {
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
 }
 
+// Split master (adam.h's SplitMaster / JoinSplitMaster): bits = (hi << 16) + sign-extended lo,
+// hi = (bits + 0x8000) >> 16, lo = the low half, all modulo 2^32.
+__device__ __forceinline__ float JoinSplit(std::uint16_t hi, std::uint16_t lo) {
+  return __uint_as_float((static_cast<std::uint32_t>(hi) << 16) +
+                         static_cast<std::uint32_t>(static_cast<std::int32_t>(
+                             static_cast<std::int16_t>(lo))));
+}
+// A NaN result is stored as 0x7fc00000 first: this GPU's invalid operations give 0x7fffffff,
+// whose high half would be -0 (adam.h's caveat); the CPU's give 0xffc00000, already safe. NaN
+// payloads are the one place the GPU and CPU bits may differ (as everywhere in adam.h).
+__device__ __forceinline__ void StoreSplit(float p, std::uint16_t* hi, std::uint16_t* lo) {
+  std::uint32_t bits = __float_as_uint(p);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) bits = 0x7FC00000u;
+  *hi = static_cast<std::uint16_t>((bits + 0x8000u) >> 16);
+  *lo = static_cast<std::uint16_t>(bits & 0xFFFFu);
+}
+
 // One element of adam.h's contract, line by line. Like the scalar reference (adam_scalar.cc),
 // the weight-decay lines run only when they change something (kL2: weight_decay != 0,
 // kDecoupled: decay_factor != 1), which matters for the bits of -0, inf and NaN inputs.
@@ -78,28 +95,56 @@ __device__ __forceinline__ const std::uint16_t* GradOf<std::uint16_t>(const Adam
   return a.grad_bf16;
 }
 
-// `Grad`: float or std::uint16_t (bf16 bits), chosen per launch.
-template <bool kL2, bool kDecoupled, typename Grad>
+// Element i, whole: the master read (fp32, or joined from its halves with kSplit), updated,
+// written back (with the bf16 copy, or as its halves).
+template <bool kL2, bool kDecoupled, bool kSplit, typename Grad>
+__device__ __forceinline__ void AdamAt(const AdamKernelArgs& a, const Grad* grad, std::int64_t i) {
+  float p = kSplit ? JoinSplit(a.param_bf16[i], a.param_lo[i]) : a.param[i];
+  float m = a.exp_avg[i];
+  float v = a.exp_avg_sq[i];
+  AdamElement<kL2, kDecoupled>(a, p, m, v, Load(grad, i));
+  a.exp_avg[i] = m;
+  a.exp_avg_sq[i] = v;
+  if constexpr (kSplit) {
+    StoreSplit(p, &a.param_bf16[i], &a.param_lo[i]);
+  } else {
+    a.param[i] = p;
+    if (a.param_bf16 != nullptr) a.param_bf16[i] = ToBf16(p);
+  }
+}
+
+// `Grad`: float or std::uint16_t (bf16 bits); kSplit: a split master. Both chosen per launch.
+template <bool kL2, bool kDecoupled, bool kSplit, typename Grad>
 __global__ void AdamScalarKernel(AdamKernelArgs a) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const Grad* grad = GradOf<Grad>(a);
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < a.count; i += stride) {
-    float p = a.param[i];
-    float m = a.exp_avg[i];
-    float v = a.exp_avg_sq[i];
-    AdamElement<kL2, kDecoupled>(a, p, m, v, Load(grad, i));
-    a.param[i] = p;
-    a.exp_avg[i] = m;
-    a.exp_avg_sq[i] = v;
-    if (a.param_bf16 != nullptr) a.param_bf16[i] = ToBf16(p);
+    AdamAt<kL2, kDecoupled, kSplit>(a, grad, i);
   }
+}
+
+// Four split masters from 8-byte loads of their halves, and back.
+__device__ __forceinline__ float4 JoinSplit4(uint2 hi, uint2 lo) {
+  return make_float4(JoinSplit(hi.x & 0xFFFFu, lo.x & 0xFFFFu), JoinSplit(hi.x >> 16, lo.x >> 16),
+                     JoinSplit(hi.y & 0xFFFFu, lo.y & 0xFFFFu), JoinSplit(hi.y >> 16, lo.y >> 16));
+}
+__device__ __forceinline__ void StoreSplit4(float4 p, uint2* hi, uint2* lo) {
+  std::uint16_t h[4], l[4];
+  StoreSplit(p.x, &h[0], &l[0]);
+  StoreSplit(p.y, &h[1], &l[1]);
+  StoreSplit(p.z, &h[2], &l[2]);
+  StoreSplit(p.w, &h[3], &l[3]);
+  *hi = make_uint2(h[0] | (static_cast<std::uint32_t>(h[1]) << 16),
+                   h[2] | (static_cast<std::uint32_t>(h[3]) << 16));
+  *lo = make_uint2(l[0] | (static_cast<std::uint32_t>(l[1]) << 16),
+                   l[2] | (static_cast<std::uint32_t>(l[3]) << 16));
 }
 
 // Four elements per thread and iteration through 16-byte loads (8-byte bf16 loads and stores);
 // the last count % 4 elements go through the scalar body. REQUIRES the alignment VectorAligned
 // checks.
-template <bool kL2, bool kDecoupled, typename Grad>
+template <bool kL2, bool kDecoupled, bool kSplit, typename Grad>
 __global__ void AdamVectorKernel(AdamKernelArgs a) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -109,8 +154,9 @@ __global__ void AdamVectorKernel(AdamKernelArgs a) {
   float4* v4 = reinterpret_cast<float4*>(a.exp_avg_sq);
   const Grad* grad = GradOf<Grad>(a);
   uint2* bf16x4 = reinterpret_cast<uint2*>(a.param_bf16);
+  uint2* lo4 = reinterpret_cast<uint2*>(a.param_lo);
   for (std::int64_t q = first; q < quads; q += stride) {
-    float4 p = param4[q];
+    float4 p = kSplit ? JoinSplit4(bf16x4[q], lo4[q]) : param4[q];
     float4 m = m4[q];
     float4 v = v4[q];
     const float4 g = Load4(grad, q);
@@ -118,23 +164,20 @@ __global__ void AdamVectorKernel(AdamKernelArgs a) {
     AdamElement<kL2, kDecoupled>(a, p.y, m.y, v.y, g.y);
     AdamElement<kL2, kDecoupled>(a, p.z, m.z, v.z, g.z);
     AdamElement<kL2, kDecoupled>(a, p.w, m.w, v.w, g.w);
-    param4[q] = p;
     m4[q] = m;
     v4[q] = v;
-    if (bf16x4 != nullptr) {
-      bf16x4[q] = make_uint2(ToBf16(p.x) | (static_cast<std::uint32_t>(ToBf16(p.y)) << 16),
-                             ToBf16(p.z) | (static_cast<std::uint32_t>(ToBf16(p.w)) << 16));
+    if constexpr (kSplit) {
+      StoreSplit4(p, &bf16x4[q], &lo4[q]);
+    } else {
+      param4[q] = p;
+      if (bf16x4 != nullptr) {
+        bf16x4[q] = make_uint2(ToBf16(p.x) | (static_cast<std::uint32_t>(ToBf16(p.y)) << 16),
+                               ToBf16(p.z) | (static_cast<std::uint32_t>(ToBf16(p.w)) << 16));
+      }
     }
   }
   for (std::int64_t i = quads * 4 + first; i < a.count; i += stride) {
-    float p = a.param[i];
-    float m = a.exp_avg[i];
-    float v = a.exp_avg_sq[i];
-    AdamElement<kL2, kDecoupled>(a, p, m, v, Load(grad, i));
-    a.param[i] = p;
-    a.exp_avg[i] = m;
-    a.exp_avg_sq[i] = v;
-    if (a.param_bf16 != nullptr) a.param_bf16[i] = ToBf16(p);
+    AdamAt<kL2, kDecoupled, kSplit>(a, grad, i);
   }
 }
 
@@ -145,7 +188,8 @@ bool AlignedTo(const void* ptr, std::uintptr_t bytes) {
 // The null pointers (the unused gradient, an absent bf16 copy) pass trivially.
 bool VectorAligned(const AdamKernelArgs& a) {
   return AlignedTo(a.param, 16) && AlignedTo(a.exp_avg, 16) && AlignedTo(a.exp_avg_sq, 16) &&
-         AlignedTo(a.grad, 16) && AlignedTo(a.grad_bf16, 8) && AlignedTo(a.param_bf16, 8);
+         AlignedTo(a.grad, 16) && AlignedTo(a.grad_bf16, 8) && AlignedTo(a.param_bf16, 8) &&
+         AlignedTo(a.param_lo, 8);
 }
 
 __global__ void Bf16ToFp32Kernel(const std::uint16_t* in, float* out, std::int64_t count) {
@@ -227,13 +271,23 @@ __global__ void SumOfBlocksKernel(const double* partials, std::int64_t num_block
   if (threadIdx.x == 0) *result = accumulate ? __dadd_rn(*result, total) : total;
 }
 
-template <bool kL2, bool kDecoupled, typename Grad>
-void LaunchAdamVariantFor(const AdamKernelArgs& args, cudaStream_t stream) {
+template <bool kL2, bool kDecoupled, bool kSplit, typename Grad>
+void LaunchAdamVariantOf(const AdamKernelArgs& args, cudaStream_t stream) {
   if (VectorAligned(args)) {
-    AdamVectorKernel<kL2, kDecoupled, Grad>
+    AdamVectorKernel<kL2, kDecoupled, kSplit, Grad>
         <<<BlocksFor(args.count / 4 + 1), kThreads, 0, stream>>>(args);
   } else {
-    AdamScalarKernel<kL2, kDecoupled, Grad><<<BlocksFor(args.count), kThreads, 0, stream>>>(args);
+    AdamScalarKernel<kL2, kDecoupled, kSplit, Grad>
+        <<<BlocksFor(args.count), kThreads, 0, stream>>>(args);
+  }
+}
+
+template <bool kL2, bool kDecoupled, typename Grad>
+void LaunchAdamVariantFor(const AdamKernelArgs& args, cudaStream_t stream) {
+  if (args.param_lo != nullptr) {
+    LaunchAdamVariantOf<kL2, kDecoupled, true, Grad>(args, stream);
+  } else {
+    LaunchAdamVariantOf<kL2, kDecoupled, false, Grad>(args, stream);
   }
 }
 

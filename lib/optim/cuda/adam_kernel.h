@@ -22,8 +22,10 @@ namespace pipeoffload {
 // are correctly rounded, bf16 is round-to-nearest-even with NaN kept. A NaN result (from a NaN
 // or infinite gradient) is NaN on both, but its bits may differ: x86 propagates an operand's
 // NaN payload, GPU arithmetic produces a canonical NaN.
-// Any alignment works; when param, m, v and grad are 16-byte aligned (grad_bf16 and param_bf16
-// 8-byte aligned) the kernel moves four elements per load.
+// A split master (param_lo set, adam.h) is joined, updated and split again in the same pass;
+// a NaN result is stored as 0x7fc00000 there, so that its high half stays a NaN.
+// Any alignment works; when param, m, v and grad are 16-byte aligned (grad_bf16, param_bf16 and
+// param_lo 8-byte aligned) the kernel moves four elements per load.
 // REQUIRES: the arrays stay allocated until the work on `stream` is done.
 // Errors: those of CheckAdamSpan, prefixed "LaunchAdamUpdate" (nothing enqueued); Internal for a
 // failed launch. count == 0 enqueues nothing.

@@ -35,17 +35,6 @@ class CudaSlideDeviceOps final : public SlideDeviceOps {
                                   stream_);
   }
 
-  absl::Status CastParams(const float* src, void* dst, std::int64_t count) override {
-    PO_RETURN_IF_ERROR(Current());
-    if (dtype_ == SlideDtype::kFp32) {
-      if (dst == src) return absl::OkStatus();
-      PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(count) * 4,
-                                              cudaMemcpyDeviceToDevice, stream_));
-      return absl::OkStatus();
-    }
-    return LaunchFp32ToBf16(src, static_cast<std::uint16_t*>(dst), count, stream_);
-  }
-
   absl::Status Adam(const AdamStepScalars& scalars, const AdamSpan& span) override {
     PO_RETURN_IF_ERROR(Current());
     return LaunchAdamUpdate(scalars, span, stream_);

@@ -253,6 +253,95 @@ TEST_CASE("GPU Adam with every bf16 bit pattern as a gradient matches the CPU, N
   }
 }
 
+// A split master on the GPU (AdamSpan::param_lo): the halves, m and v the CPU's split update
+// writes, bit for bit where the result is not NaN; a NaN master stays NaN when joined and its
+// high half (the parameter the model computes with) is a NaN too.
+TEST_CASE("GPU Adam on a split master is bitwise equal to the CPU's, NaN for NaN",
+          "[gpuadam][kernel]") {
+  const std::int64_t count = GENERATE(std::int64_t{1}, std::int64_t{7}, std::int64_t{4097},
+                                      std::int64_t{1} << 16);
+  // Shift 0: the four-wide path (8-byte aligned halves); 1: the scalar path.
+  const int shift = GENERATE(0, 1);
+  CAPTURE(count, shift);
+  for (const auto& [name, scalars] : ScalarVariants(2)) {
+    CAPTURE(name);
+    AdamBuffers want(count, ArrayOffsets{});
+    want.FillState(static_cast<std::uint64_t>(777 + count));
+    // Every bf16 pattern as a gradient, NaNs and infinities included, cycling.
+    for (std::int64_t i = 0; i < count; ++i) {
+      want.grad_bf16()[i] = static_cast<std::uint16_t>(i * 40503);
+    }
+    const auto n = static_cast<std::size_t>(count);
+    std::vector<std::uint16_t> hi(n), lo(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const SplitBf16 split = SplitMaster(want.param()[i]);
+      hi[i] = split.hi;
+      lo[i] = split.lo;
+    }
+    std::vector<float> m0(want.exp_avg(), want.exp_avg() + count);
+    std::vector<float> v0(want.exp_avg_sq(), want.exp_avg_sq() + count);
+    // Device copies (before the CPU updates the host arrays in place).
+    auto* d_hi = DeviceAlloc<std::uint16_t>((n + 8) * 2);
+    auto* d_lo = DeviceAlloc<std::uint16_t>((n + 8) * 2);
+    auto* d_m = DeviceAlloc<float>((n + 8) * 4);
+    auto* d_v = DeviceAlloc<float>((n + 8) * 4);
+    auto* d_g = DeviceAlloc<std::uint16_t>((n + 8) * 2);
+    PO_CUDA_CHECK(cudaMemcpy(d_hi + shift, hi.data(), n * 2, cudaMemcpyHostToDevice));
+    PO_CUDA_CHECK(cudaMemcpy(d_lo + shift, lo.data(), n * 2, cudaMemcpyHostToDevice));
+    PO_CUDA_CHECK(cudaMemcpy(d_m + shift, m0.data(), n * 4, cudaMemcpyHostToDevice));
+    PO_CUDA_CHECK(cudaMemcpy(d_v + shift, v0.data(), n * 4, cudaMemcpyHostToDevice));
+    PO_CUDA_CHECK(cudaMemcpy(d_g + shift, want.grad_bf16(), n * 2, cudaMemcpyHostToDevice));
+
+    AdamSpan cpu;
+    cpu.exp_avg = want.exp_avg();
+    cpu.exp_avg_sq = want.exp_avg_sq();
+    cpu.grad_bf16 = want.grad_bf16();
+    cpu.param_bf16 = hi.data();
+    cpu.param_lo = lo.data();
+    cpu.count = count;
+    REQUIRE(CheckAdamSpan(cpu).ok());
+    AdamUpdateScalar(scalars, cpu);
+    AdamSpan gpu;
+    gpu.exp_avg = d_m + shift;
+    gpu.exp_avg_sq = d_v + shift;
+    gpu.grad_bf16 = d_g + shift;
+    gpu.param_bf16 = d_hi + shift;
+    gpu.param_lo = d_lo + shift;
+    gpu.count = count;
+    REQUIRE(LaunchAdamUpdate(scalars, gpu, nullptr).ok());
+    PO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<std::uint16_t> got_hi(n), got_lo(n);
+    std::vector<float> got_m(n), got_v(n);
+    PO_CUDA_CHECK(cudaMemcpy(got_hi.data(), d_hi + shift, n * 2, cudaMemcpyDeviceToHost));
+    PO_CUDA_CHECK(cudaMemcpy(got_lo.data(), d_lo + shift, n * 2, cudaMemcpyDeviceToHost));
+    PO_CUDA_CHECK(cudaMemcpy(got_m.data(), d_m + shift, n * 4, cudaMemcpyDeviceToHost));
+    PO_CUDA_CHECK(cudaMemcpy(got_v.data(), d_v + shift, n * 4, cudaMemcpyDeviceToHost));
+    for (void* ptr : {static_cast<void*>(d_hi), static_cast<void*>(d_lo), static_cast<void*>(d_m),
+                      static_cast<void*>(d_v), static_cast<void*>(d_g)}) {
+      PO_CUDA_CHECK(cudaFree(ptr));
+    }
+
+    std::vector<float> want_master(n), got_master(n);
+    std::int64_t nans = 0, wrong_halves = -1, hi_not_nan = -1;
+    for (std::size_t i = 0; i < n; ++i) {
+      want_master[i] = JoinSplitMaster(hi[i], lo[i]);
+      got_master[i] = JoinSplitMaster(got_hi[i], got_lo[i]);
+      if (std::isnan(want_master[i])) {
+        ++nans;
+        if (!std::isnan(Bf16BitsToFloat(got_hi[i])) && hi_not_nan < 0) hi_not_nan = static_cast<std::int64_t>(i);
+      } else if ((hi[i] != got_hi[i] || lo[i] != got_lo[i]) && wrong_halves < 0) {
+        wrong_halves = static_cast<std::int64_t>(i);
+      }
+    }
+    if (count >= 65536) CHECK(nans >= 2 * 127);  // the NaN gradients at least
+    CHECK(wrong_halves == -1);
+    CHECK(hi_not_nan == -1);
+    CHECK(CompareNaNAware(want_master.data(), got_master.data(), count, "master") == "");
+    CHECK(CompareNaNAware(want.exp_avg(), got_m.data(), count, "exp_avg") == "");
+    CHECK(CompareNaNAware(want.exp_avg_sq(), got_v.data(), count, "exp_avg_sq") == "");
+  }
+}
+
 TEST_CASE("GPU Adam rejects a span with both gradients or neither", "[gpuadam][kernel]") {
   DeviceAdam device(64, 0);
   const AdamStepScalars scalars = *MakeAdamStepScalars(AdamOptions{}, 1);
