@@ -184,12 +184,13 @@ const std::vector<FlagDef>& Flags() {
       {"grad-chunk", "N", "elements per gradient D2H chunk the CPU Adam consumes as it lands "
                           "(default 33554432).",
        Int(&SlideTrainOptions::grad_chunk, "grad-chunk", 1024, std::int64_t{1} << 40)},
-      {"nvme-dir", "DIR", "a directory on a local drive for the NVMe tier (Adam m and v of "
-                          "--nvme-fraction of the sliding layers; O_DIRECT, io_uring). The "
+      {"nvme-dir", "DIR", "a directory on a local drive for the NVMe tier (Adam m, v and the "
+                          "fp32 masters' low halves of --nvme-fraction of the sliding layers, "
+                          "leaving 2 B per parameter on the host; O_DIRECT, io_uring). The "
                           "drive's bandwidth is measured there first (up to 2 GiB written and "
                           "read back; --dry-run too, for its prediction).",
        Text(&SlideTrainOptions::nvme_dir, "nvme-dir")},
-      {"nvme-fraction", "X", "share of the sliding units whose m, v live on NVMe, the top ones "
+      {"nvme-fraction", "X", "share of the sliding units whose state lives on NVMe, the top ones "
                              "first (default 0; needs --nvme-dir).",
        Real(&SlideTrainOptions::nvme_fraction, "nvme-fraction", 0.0, 1.0)},
       {"cpu-threads", "N", "CPU Adam threads (default: every CPU but one, which issues the device work).",

@@ -184,8 +184,9 @@ struct SlidingOptions {
   // every sliding unit's gradients instead.
   int landing_buffers = 0;
   // NVMe tier for Adam m and v: empty dir: none. `nvme_fraction` of the sliding units (the
-  // highest layers first, whose updates have the most slack) keep m, v in a file there,
-  // read before and written after their update (io_uring, O_DIRECT).
+  // highest layers first, whose updates have the most slack) keep m, v (and, bf16 models, the
+  // low halves of their split masters: 2 B per parameter stay on the host, the pinned high
+  // halves) in a file there, read before and written after their update (io_uring, O_DIRECT).
   std::string nvme_dir;
   double nvme_fraction = 0.0;
   // Record every engine's work (compute, H2D, D2H, CPU Adam, NVMe) of each step.

@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<LayerSlidingEngine>> LayerSlidingEngineImpl::Crea
     PO_ASSIGN_OR_RETURN(engine->nvme_,
                         NvmeTier::Create(backend, options.nvme_dir, counts,
                                          engine->program_.grads_out_order,
+                                         /*with_master_lo=*/shape.param_dtype != SlideDtype::kFp32,
                                          options.timeout_seconds, *engine->recorder_));
     engine->setup_.nvme = engine->nvme_->Describe();
     engine->setup_.pinned_bytes += engine->nvme_->staging_bytes();
@@ -242,8 +243,10 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
     if (!IsSliding(u)) continue;
     const std::int64_t n = Own(u);
     largest_sliding = std::max(largest_sliding, n);
-    if (!fp32) pageable += CarvedBytes(2 * n);  // the master's low halves (upload: high)
-    if (!plan_.nvme[static_cast<std::size_t>(u)]) pageable += 2 * CarvedBytes(4 * n);  // m, v
+    // m, v and (bf16) the masters' low halves, unless on NVMe; the high halves are the upload.
+    if (!plan_.nvme[static_cast<std::size_t>(u)]) {
+      pageable += 2 * CarvedBytes(4 * n) + (fp32 ? 0 : CarvedBytes(2 * n));
+    }
     upload += CarvedBytes(fp32 ? 4 * n : dtype_bytes_ * n);
     if (park) grads += CarvedBytes(dtype_bytes_ * n);
   }
@@ -287,7 +290,7 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
       h.master = static_cast<float*>(uploads.Carve(4 * n, ArrayKind::kMaster));
       h.upload = h.master;
     } else {
-      h.master_lo = static_cast<std::uint16_t*>(state.Carve(2 * n, ArrayKind::kMaster));
+      if (!h.nvme) h.master_lo = static_cast<std::uint16_t*>(state.Carve(2 * n, ArrayKind::kMaster));
       h.upload = uploads.Carve(dtype_bytes_ * n, ArrayKind::kUpload);
     }
     if (!h.nvme) {
@@ -405,8 +408,12 @@ absl::Status LayerSlidingEngineImpl::SetUnitParams(int unit, std::span<const flo
     UnitHostState& h = host_[static_cast<std::size_t>(unit)];
     if (fp32) {
       std::memcpy(h.master, values.data(), static_cast<std::size_t>(n) * 4);
-    } else {
+    } else if (!h.nvme) {
       SplitMasters(values, static_cast<std::uint16_t*>(h.upload), h.master_lo);
+    } else {
+      std::vector<std::uint16_t> lo(static_cast<std::size_t>(n));
+      SplitMasters(values, static_cast<std::uint16_t*>(h.upload), lo.data());
+      PO_RETURN_IF_ERROR(nvme_->WriteMasterLo(unit, lo.data()));
     }
     return absl::OkStatus();
   }
@@ -432,8 +439,12 @@ absl::Status LayerSlidingEngineImpl::GetUnitParams(int unit, std::span<float> va
     const UnitHostState& h = host_[static_cast<std::size_t>(unit)];
     if (fp32) {
       std::memcpy(values.data(), h.master, values.size() * sizeof(float));
-    } else {
+    } else if (!h.nvme) {
       JoinMasters(static_cast<const std::uint16_t*>(h.upload), h.master_lo, values);
+    } else {
+      std::vector<std::uint16_t> lo(static_cast<std::size_t>(n));
+      PO_RETURN_IF_ERROR(nvme_->Read(unit, nullptr, nullptr, lo.data()));
+      JoinMasters(static_cast<const std::uint16_t*>(h.upload), lo.data(), values);
     }
     return absl::OkStatus();
   }

@@ -1,5 +1,7 @@
-// Adam m, v of some sliding units on NVMe (SlidingOptions::nvme_dir / nvme_fraction): each such
-// unit has a place in one NvmeStore file; two pinned staging sets take turns, so while the CPU
+// Adam m, v of some sliding units on NVMe (SlidingOptions::nvme_dir / nvme_fraction), and for
+// bf16 models the low halves of their split masters (adam.h's SplitMaster; the high halves are
+// the pinned upload copies and stay in host memory): each such unit has a place in one
+// NvmeStore file; two pinned staging sets take turns, so while the CPU
 // updates unit u from one set, the other is written back (the previous unit) and then filled
 // with the next unit's state (a prefetch in the update order).
 //
@@ -31,21 +33,30 @@ class NvmeTier {
   struct State {
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
+    std::uint16_t* master_lo = nullptr;  // with_master_lo only
   };
 
   // counts[u] > 0 for units on NVMe (0 otherwise); `order`: the units in the order their
-  // updates usually come (prefetch order). Creates the file (zero state), two staging sets of
-  // the largest unit's m, v from `backend`'s host memory.
+  // updates usually come (prefetch order); `with_master_lo`: each unit's record also holds its
+  // masters' low halves. Creates the file (zero state), two staging sets of the largest unit's
+  // state from `backend`'s host memory.
   // Errors: the store's (missing, read-only or full directory); ResourceExhausted for staging.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<NvmeTier>> Create(
       Backend& backend, const std::string& dir, const std::vector<std::int64_t>& counts,
-      std::vector<int> order, double timeout_seconds, SlideRecorder& recorder);
+      std::vector<int> order, bool with_master_lo, double timeout_seconds,
+      SlideRecorder& recorder);
   ~NvmeTier();
 
   [[nodiscard]] absl::StatusOr<State> Acquire(int unit);
   [[nodiscard]] absl::Status Release(int unit);
-  // Waits for every write; then reads or writes a unit's state synchronously (tests, save).
-  [[nodiscard]] absl::Status Read(int unit, float* exp_avg, float* exp_avg_sq);
+  // Waits for every write; then reads a unit's state synchronously (tests, save); a null
+  // destination skips that array; unit -1 only waits.
+  [[nodiscard]] absl::Status Read(int unit, float* exp_avg, float* exp_avg_sq,
+                                  std::uint16_t* master_lo = nullptr);
+  // Waits for every write, then writes a unit's master low halves (count elements)
+  // synchronously (SetUnitParams); a staged copy of the unit is dropped so the next Acquire
+  // reads the file. REQUIRES with_master_lo.
+  [[nodiscard]] absl::Status WriteMasterLo(int unit, const std::uint16_t* master_lo);
 
   std::int64_t file_bytes() const;
   std::int64_t staging_bytes() const;

@@ -293,17 +293,13 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
     largest_sliding_own = std::max(largest_sliding_own, n);
     // m and v (pageable unless on NVMe) and the fp32 master: fp32 models: the master is the
     // pinned upload source; bf16 models: it is split, its high halves the pinned upload copy
-    // and its low halves pageable (12 B per parameter in all without NVMe, 4 B with).
-    const std::int64_t moments = plan.nvme[u] ? 0 : 8;
-    if (shape.param_dtype == SlideDtype::kFp32) {
-      plan.host_pinned_bytes += 4 * n;
-      plan.host_pageable_bytes += moments * n;
-    } else {
-      plan.host_pageable_bytes += (moments + 2) * n;
-      plan.host_pinned_bytes += dtype * n;
-    }
+    // and its low halves pageable, or on NVMe with m and v (12 B per parameter in all without
+    // NVMe, 2 B on the host with it).
+    const bool fp32 = shape.param_dtype == SlideDtype::kFp32;
+    if (!plan.nvme[u]) plan.host_pageable_bytes += (fp32 ? 8 : 10) * n;
+    plan.host_pinned_bytes += (fp32 ? 4 : dtype) * n;
     if (plan.nvme[u]) {
-      plan.nvme_bytes += 2 * Round(4 * n, kNvmeAlign);
+      plan.nvme_bytes += 2 * Round(4 * n, kNvmeAlign) + (fp32 ? 0 : Round(2 * n, kNvmeAlign));
       largest_nvme = std::max(largest_nvme, n);
     }
   }
@@ -318,7 +314,11 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
   plan.host_pinned_bytes += static_cast<std::int64_t>(checkpointed) * options.num_microbatches *
                             shape.activation_bytes;
   plan.host_pinned_bytes += 4 * borrowed;  // a borrower's gradients for its owner
-  plan.host_pinned_bytes += 2 * 2 * Round(4 * largest_nvme, kNvmeAlign);  // two staging sets
+  // Two staging sets of m, v (and the low halves).
+  plan.host_pinned_bytes += 2 * (2 * Round(4 * largest_nvme, kNvmeAlign) +
+                                 (shape.param_dtype == SlideDtype::kFp32
+                                      ? 0
+                                      : Round(2 * largest_nvme, kNvmeAlign)));
   plan.host_pinned_bytes += 8 * static_cast<std::int64_t>(num_units);
   return plan;
 }
@@ -352,7 +352,9 @@ std::string SlidingPlan::Describe(const SlidingModelShape& shape) const {
                   : landing_buffers > 0
                       ? absl::StrCat(" (", landing_buffers, " gradient landing buffers)")
                       : std::string(" (every sliding unit's gradients parked)"),
-                  "; NVMe ", Gb(nvme_bytes), " (m, v of ", nvme_units, " units)\n");
+                  "; NVMe ", Gb(nvme_bytes), " (m, v",
+                  shape.param_dtype == SlideDtype::kFp32 ? "" : ", masters' low halves", " of ",
+                  nvme_units, " units)\n");
   return out;
 }
 

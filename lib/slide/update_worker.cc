@@ -181,10 +181,12 @@ absl::Status UpdateWorker::Process(UpdateTask& task, const std::optional<StepSca
   UnitHostState& unit = units_[static_cast<std::size_t>(task.unit)];
   float* exp_avg = unit.exp_avg;
   float* exp_avg_sq = unit.exp_avg_sq;
+  std::uint16_t* master_lo = unit.master_lo;
   if (unit.nvme && scalars.has_value()) {
     PO_ASSIGN_OR_RETURN(const NvmeTier::State state, nvme_->Acquire(task.unit));
     exp_avg = state.exp_avg;
     exp_avg_sq = state.exp_avg_sq;
+    master_lo = state.master_lo;
   }
   const std::int64_t grad_bytes = SlideDtypeBytes(dtype_);
   double adam_seconds = 0.0;
@@ -210,7 +212,7 @@ absl::Status UpdateWorker::Process(UpdateTask& task, const std::optional<StepSca
         span.grad = reinterpret_cast<const float*>(grads);
       } else {
         span.param_bf16 = static_cast<std::uint16_t*>(unit.upload) + begin;  // split master
-        span.param_lo = unit.master_lo + begin;
+        span.param_lo = master_lo + begin;
         span.grad_bf16 = reinterpret_cast<const std::uint16_t*>(grads);
       }
       span.count = end - begin;

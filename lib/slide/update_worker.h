@@ -52,7 +52,8 @@ class NvmeTier;
 // param_count floats (null when they live on NVMe); `upload` is the device-format copy the next
 // forward uploads. The fp32 master is `master` for fp32 models (and `upload` is the master
 // itself); for bf16 models it is split (adam.h's SplitMaster): `upload` holds its high halves
-// and `master_lo` its low halves, `master` is null.
+// and `master_lo` its low halves (null on NVMe, which then holds them with m and v), `master`
+// is null.
 struct UnitHostState {
   std::string name;
   std::int64_t count = 0;

@@ -2,7 +2,8 @@
 // and wire gradients, so the split master (adam.h's SplitMaster: the bf16 parameter is the
 // master's high half, its low half lives beside it) runs in CI. Against a reference written out
 // here, bitwise: masters, m, v, losses and norms over several steps, for all-sliding,
-// all-resident and mixed placements, with and without clipping.
+// all-resident and mixed placements, with and without clipping, and with the NVMe tier (which
+// then holds the masters' low halves with m and v).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "pipeoffload/adam.h"
 #include "pipeoffload/backend.h"
 #include "pipeoffload/layer_sliding.h"
+#include "tests/slide/nvme_test_util.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
@@ -304,6 +306,12 @@ TEST_CASE("bf16 sliding on the CPU backend: split masters equal the written-out 
   SlidingOptions mixed = all_sliding;
   mixed.placement[0] = mixed.placement[2] = UnitPlace::kResident;
   RunCase("embed and layer.1 resident", mixed);
+  // m, v and the masters' low halves of the top 3 sliding units on the NVMe tier.
+  const testing::TestDir dir;
+  SlidingOptions nvme = mixed;
+  nvme.nvme_dir = dir.path();
+  nvme.nvme_fraction = 1.0;
+  RunCase("NVMe", nvme);
 }
 
 }  // namespace

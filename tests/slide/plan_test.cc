@@ -63,14 +63,20 @@ TEST_CASE("PlanSliding counts a bf16 model's split masters: 12 B per sliding par
   CHECK(plan->device_resident_bytes == 2048 + 2048 + 4096 + 4096 + 2048);
   // Slots of bf16 parameters and gradients: 4000 B each, rounded to 4096.
   CHECK(plan->device_slot_bytes == 3 * 2 * 4096);
-  // With m, v of half the sliding units (the top 3 of 5) on NVMe: 4 B per parameter there.
+  // With m, v and the low halves of half the sliding units (the top 3 of 5) on NVMe: 2 B per
+  // parameter left on the host there (the high halves, pinned).
   options.nvme_dir = "/nonexistent-but-only-planned";
   options.nvme_fraction = 0.5;
   const absl::StatusOr<SlidingPlan> nvme = PlanSliding(shape, options);
   REQUIRE(nvme.ok());
   CHECK(nvme->nvme == std::vector<bool>{false, false, false, true, true, true});
-  CHECK(nvme->host_pageable_bytes == 10 * 9000 - 8 * (2000 + 2000 + 1000));
-  CHECK(nvme->nvme_bytes == 2 * (8192 + 8192 + 4096));
+  CHECK(nvme->host_pageable_bytes == 10 * 9000 - 10 * (2000 + 2000 + 1000));
+  // Per unit m, v and lo, each rounded to 4 KiB: layers 8000 + 8000 + 4000 B, the head 4000 +
+  // 4000 + 2000 B.
+  CHECK(nvme->nvme_bytes == 2 * (8192 + 8192 + 4096) + (4096 + 4096 + 4096));
+  // Pinned: the high halves of all sliding units, the landing buffers, checkpoints and sums as
+  // without NVMe, plus two staging sets of the largest NVMe unit's m, v, lo.
+  CHECK(nvme->host_pinned_bytes == plan->host_pinned_bytes + 2 * (8192 + 8192 + 4096));
 }
 
 TEST_CASE("PlanSliding makes the unit resident that takes the most off the CPU's critical path",
