@@ -184,7 +184,8 @@ struct SlidingOptions {
   // every sliding unit's gradients instead.
   int landing_buffers = 0;
   // NVMe tier for Adam m and v: empty dir: none. `nvme_fraction` of the sliding units (the
-  // highest layers first, whose updates have the most slack) keep m, v (and, bf16 models, the
+  // highest layers first, whose updates have the most slack; outsized units such as the head
+  // last, as the staging is sized for the largest unit on the tier) keep m, v (and, bf16 models, the
   // low halves of their split masters: 2 B per parameter stay on the host, the pinned high
   // halves) in a file there, read before and written after their update (io_uring, O_DIRECT).
   std::string nvme_dir;

@@ -77,34 +77,48 @@ absl::Status CheckOptions(const SlidingModelShape& shape, const SlidingOptions& 
   return absl::OkStatus();
 }
 
-// Capacities of the ring for the sliding units: SlideFormer sizes every slot for the largest
-// unit; here a unit far larger than the typical one (an LM head or embedding, ~2.4x a Llama-3-8B
-// layer) gets one slot of its own size and the others are sized for the rest (such units are
-// used at the two ends of a step, never at once).
-std::vector<std::int64_t> RingSlots(const SlidingModelShape& shape,
-                                    const std::vector<UnitPlace>& placement, int num_slots) {
-  std::vector<std::int64_t> sizes;
+// Per unit: a sliding unit far larger than the typical sliding one (more than 1.5x the median
+// of their views: an LM head or embedding, ~2.4x a Llama-3-8B layer).
+std::vector<bool> OutsizedSliding(const SlidingModelShape& shape,
+                                  const std::vector<UnitPlace>& placement) {
+  std::vector<std::int64_t> sorted;
   for (std::size_t u = 0; u < shape.units.size(); ++u) {
-    if (placement[u] == UnitPlace::kSliding) sizes.push_back(ViewElements(shape, static_cast<int>(u)));
+    if (placement[u] == UnitPlace::kSliding) sorted.push_back(ViewElements(shape, static_cast<int>(u)));
   }
-  if (sizes.empty()) return {};
-  std::vector<std::int64_t> sorted = sizes;
+  std::vector<bool> outsized(shape.units.size(), false);
+  if (sorted.empty()) return outsized;
   std::sort(sorted.begin(), sorted.end());
   const std::int64_t median = sorted[sorted.size() / 2];
-  const std::int64_t largest = sorted.back();
-  std::int64_t small = 0;
-  int big_units = 0;
-  for (std::int64_t s : sizes) {
-    if (s * 2 > median * 3) {
+  for (std::size_t u = 0; u < shape.units.size(); ++u) {
+    outsized[u] = placement[u] == UnitPlace::kSliding &&
+                  ViewElements(shape, static_cast<int>(u)) * 2 > median * 3;
+  }
+  return outsized;
+}
+
+// Capacities of the ring for the sliding units: SlideFormer sizes every slot for the largest
+// unit; here an outsized unit gets one slot of its own size and the others are sized for the
+// rest (such units are used at the two ends of a step, never at once).
+std::vector<std::int64_t> RingSlots(const SlidingModelShape& shape,
+                                    const std::vector<UnitPlace>& placement, int num_slots) {
+  const std::vector<bool> outsized = OutsizedSliding(shape, placement);
+  std::int64_t largest = 0, small = 0;
+  int big_units = 0, small_units = 0;
+  for (std::size_t u = 0; u < shape.units.size(); ++u) {
+    if (placement[u] != UnitPlace::kSliding) continue;
+    const std::int64_t s = ViewElements(shape, static_cast<int>(u));
+    largest = std::max(largest, s);
+    if (outsized[u]) {
       ++big_units;
     } else {
+      ++small_units;
       small = std::max(small, s);
     }
   }
-  const int small_units = static_cast<int>(sizes.size()) - big_units;
+  if (big_units + small_units == 0) return {};
   if (num_slots == 1) return {largest};
   if (big_units == 0 || small_units == 0) {
-    const int n = num_slots > 0 ? num_slots : std::min<int>(3, static_cast<int>(sizes.size()));
+    const int n = num_slots > 0 ? num_slots : std::min(3, big_units + small_units);
     return std::vector<std::int64_t>(static_cast<std::size_t>(n), largest);
   }
   const int n_small = num_slots > 0 ? num_slots - 1 : std::min(3, small_units);
@@ -268,12 +282,17 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
   plan.device_total_bytes = device.Total();
 
   // NVMe: the sliding units whose updates come first in the backward (the top ones) have the
-  // most slack for a read before and a write after their update.
+  // most slack for a read before and a write after their update. Outsized units go last: the
+  // tier's two staging sets are sized for its largest unit (20 B per parameter for bf16), so a
+  // Llama-3-8B head on NVMe would pin 6 GB more than a layer.
   plan.nvme.assign(num_units, false);
   std::vector<int> sliding_desc;
   for (int u = static_cast<int>(num_units) - 1; u >= 0; --u) {
     if (placement[static_cast<std::size_t>(u)] == UnitPlace::kSliding) sliding_desc.push_back(u);
   }
+  const std::vector<bool> outsized = OutsizedSliding(shape, placement);
+  std::stable_partition(sliding_desc.begin(), sliding_desc.end(),
+                        [&](int u) { return !outsized[static_cast<std::size_t>(u)]; });
   const int nvme_units = static_cast<int>(
       std::lround(options.nvme_fraction * static_cast<double>(sliding_desc.size())));
   for (int i = 0; i < nvme_units; ++i) plan.nvme[static_cast<std::size_t>(sliding_desc[static_cast<std::size_t>(i)])] = true;

@@ -104,6 +104,25 @@ TEST_CASE("PlanSliding makes the unit resident that takes the most off the CPU's
   CHECK(all->host_pageable_bytes == 0);
 }
 
+TEST_CASE("PlanSliding puts outsized units on NVMe last", "[slide][plan]") {
+  // Embedding and head of 6000 (3x a layer): the tier's staging sets are sized for its largest
+  // unit, so the top layers go first and the head only when the fraction reaches it.
+  SlidingOptions options = Options(1 << 30);
+  options.placement.assign(6, UnitPlace::kSliding);
+  options.nvme_dir = "/only-planned";
+  options.nvme_fraction = 0.5;  // 3 of 6 sliding units
+  const absl::StatusOr<SlidingPlan> half = PlanSliding(TestShape(4, 6000, 2000, 6000), options);
+  REQUIRE(half.ok());
+  CHECK(half->nvme == std::vector<bool>{false, false, true, true, true, false});
+  options.nvme_fraction = 5.0 / 6.0;  // 5 of 6: every layer, then the head (the top outsized)
+  const absl::StatusOr<SlidingPlan> most = PlanSliding(TestShape(4, 6000, 2000, 6000), options);
+  REQUIRE(most.ok());
+  CHECK(most->nvme == std::vector<bool>{false, true, true, true, true, true});
+  // Staging: two sets of m, v (fp32) of the largest NVMe unit, 2000 vs 6000 elements.
+  CHECK(most->host_pinned_bytes - half->host_pinned_bytes ==
+        2 * 2 * (24576 - 8192));
+}
+
 TEST_CASE("PlanSliding gives an outsized unit a slot of its own", "[slide][plan]") {
   SlidingOptions options = Options(1 << 30);
   options.placement.assign(6, UnitPlace::kSliding);
