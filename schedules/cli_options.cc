@@ -272,18 +272,19 @@ const std::vector<OptionDef>& Options() {
       // --- output ---
       {"format", "FMT",
        "table | text | json | pytorch-csv | pytorch-csv-comms | trace (Perfetto / "
-       "chrome://tracing JSON of the simulated timeline). Default table.",
+       "chrome://tracing JSON of the simulated timeline) | svg (a picture of it: blocks per "
+       "stage, D2H/H2D lanes, memory; docs/pictures.md). Default table; compare: table only.",
        [](Parsing& p, std::string_view value) -> absl::Status {
          static constexpr std::string_view kFormats[] = {
-             "table", "text", "json", "pytorch-csv", "pytorch-csv-comms", "trace"};
+             "table", "text", "json", "pytorch-csv", "pytorch-csv-comms", "trace", "svg"};
          for (std::string_view format : kFormats) {
            if (format == value) {
              p.options.format = std::string(value);
              return absl::OkStatus();
            }
          }
-         return BadValue("format", "table, text, json, pytorch-csv, pytorch-csv-comms or trace",
-                         value);
+         return BadValue("format",
+                         "table, text, json, pytorch-csv, pytorch-csv-comms, trace or svg", value);
        }},
       {"out", "FILE", "write the output to FILE instead of stdout.",
        [](Parsing& p, std::string_view value) {
@@ -414,6 +415,13 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
       p.options.command != Command::kCompare) {
     return absl::InvalidArgumentError("--policy auto needs --memory-budget BYTES");
   }
+  // compare weighs many schedules and has no one timeline to draw or export; saying so beats
+  // printing a table where the user asked for a picture or a file format.
+  if (p.options.command == Command::kCompare && p.options.format != "table") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compare prints a table only; --format ", p.options.format,
+        " writes one schedule (drop the word compare, or pick it with --policy)"));
+  }
   if ((p.options.command == Command::kImport || p.options.command == Command::kValidate) &&
       p.options.input.empty() && !p.options.help) {
     return absl::InvalidArgumentError("import and validate need an input file argument");
@@ -446,6 +454,8 @@ std::string UsageText() {
       "  po-schedule --stages 8 --microbatches 32 --policy 1f1b --format text\n"
       "  po-schedule --policy po-f --family group-interleaved --chunks 2 --format trace "
       "--out po-f.json\n"
+      "  po-schedule --stages 4 --microbatches 8 --policy po-h --unit-costs --format svg "
+      "--out po-h.svg\n"
       "  po-schedule compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 0.25\n"
       "  po-schedule --policy auto --memory-budget 40Gi --alternatives\n");
   return text;

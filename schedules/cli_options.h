@@ -18,7 +18,7 @@ struct CliOptions {
   Command command = Command::kCompile;
   PipelineSpec spec;           // family and offload resolved from --policy / --family
   CostModel cost;              // after --unit-costs / --gpt-* / --cost-model / field flags
-  std::string format = "table";  // table | text | json | pytorch-csv | pytorch-csv-comms | trace
+  std::string format = "table";  // table | text | json | pytorch-csv[-comms] | trace | svg
   std::string out;             // output file; empty = stdout
   std::string input;           // import: the PyTorch CSV; validate: the schedule JSON
   bool show_alternatives = false;  // auto: print every candidate weighed

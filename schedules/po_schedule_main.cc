@@ -11,6 +11,7 @@
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/schedule_io.h"
 #include "pipeoffload/simulate.h"
+#include "pipeoffload/timeline_svg.h"
 #include "pipeoffload/trace.h"
 #include "pipeoffload/validate.h"
 #include "schedules/cli_options.h"
@@ -50,6 +51,7 @@ absl::StatusOr<std::string> Render(const CliOptions& options, const Schedule& sc
     return ScheduleToPyTorchCsv(schedule, CsvFlavor::kComputeComms);
   }
   PO_ASSIGN_OR_RETURN(const Timeline timeline, Simulate(schedule, cost));
+  if (format == "svg") return TimelineToSvg(schedule, timeline, {options.unit_costs});
   return TimelineToTraceJson(schedule, timeline, options.unit_costs ? 1000.0 : 1e6);
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates tests/golden/*.txt from the schedule builders; the only writer of those files.
-# It builds schedule_tests and runs its "[golden]" cases with PO_UPDATE_GOLDEN=1, which write the
-# files instead of diffing them, then shows what changed. Review that diff before committing: a
-# changed golden file is a changed schedule.
+# Regenerates tests/golden/*.txt from the schedule builders, and the SVG picture
+# tests/golden/1f1b_p2_m4_po-h.svg from the compiler, simulator and SVG writer; the only writer
+# of those files. It builds schedule_tests and runs its "[golden]" cases with PO_UPDATE_GOLDEN=1,
+# which write the files instead of diffing them, then shows what changed. Review that diff before
+# committing: a changed golden file is a changed schedule (or, for the SVG, a changed picture:
+# open it in a browser).
 # Usage: scripts/update_golden.sh [build_dir]    (default: $PO_BUILD_DIR, else build/)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

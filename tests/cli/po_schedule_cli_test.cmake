@@ -28,6 +28,7 @@ foreach(option stages microbatches chunks group-size split-backward policy famil
         offload-chunks memory-budget strict unit-costs offload-ratio cost-model format out)
   expect_contains("${help}" "--${option}" "--help")
 endforeach()
+expect_contains("${help}" "| svg (a picture" "--help names the svg format")
 
 # Bad input: clear errors, exit code 2, never a crash.
 run(2 err --stages 0)
@@ -74,6 +75,50 @@ string(JSON events LENGTH "${trace}" traceEvents)
 if(events LESS 10)
   message(FATAL_ERROR "trace has only ${events} events")
 endif()
+
+# An SVG picture: stdout and --out give the golden file byte for byte (schedule_tests writes
+# and checks it too), it parses as XML where python3 is found, validate and import draw it too.
+set(golden_svg "${SOURCE_DIR}/tests/golden/1f1b_p2_m4_po-h.svg")
+file(READ "${golden_svg}" golden)
+set(svg_args --stages 2 --microbatches 4 --policy po-h --unit-costs --format svg)
+run(0 svg ${svg_args})
+if(NOT svg STREQUAL golden)
+  string(JOIN " " shown ${svg_args})
+  message(FATAL_ERROR "po-schedule ${shown} differs from ${golden_svg}")
+endif()
+run(0 wrote ${svg_args} --out "${work}/p2.svg")
+expect_contains("${wrote}" "wrote ${work}/p2.svg" "--format svg --out")
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files "${work}/p2.svg" "${golden_svg}"
+                RESULT_VARIABLE differs)
+if(differs)
+  message(FATAL_ERROR "--format svg --out ${work}/p2.svg differs from ${golden_svg}")
+endif()
+run(0 ignored --stages 4 --microbatches 8 --chunks 2 --policy po-f --format svg
+    --out "${work}/gi.svg")
+find_program(PYTHON3 python3)
+if(PYTHON3)
+  foreach(picture p2 gi)
+    execute_process(COMMAND "${PYTHON3}" -c
+                    "import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])"
+                    "${work}/${picture}.svg" RESULT_VARIABLE bad_xml ERROR_VARIABLE why)
+    if(bad_xml)
+      message(FATAL_ERROR "${work}/${picture}.svg is not well-formed XML:\n${why}")
+    endif()
+  endforeach()
+endif()
+run(0 checked_svg validate "${work}/po-f.json" --unit-costs --format svg)
+expect_contains("${checked_svg}" "<g id=\"stage-3\">" "validate --format svg")
+run(0 imported_svg import "${work}/1f1b.csv" --stages 4 --unit-costs --format svg)
+expect_contains("${imported_svg}" "<rect class=\"F\"" "import --format svg")
+# Bad combinations: a clear error and exit code 2 (or 1 for an unwritable file), never a crash.
+run(2 err --format SVG)
+expect_contains("${err}" "trace or svg" "--format SVG")
+run(2 err --format)
+expect_contains("${err}" "--format needs a value" "--format without a value")
+run(2 err compare --stages 4 --microbatches 8 --format svg)
+expect_contains("${err}" "compare prints a table only; --format svg" "compare --format svg")
+run(1 err ${svg_args} --out "${work}/no/such/dir/p2.svg")
+expect_contains("${err}" "cannot write" "--out into a missing folder")
 
 # Bandwidth-limited offload: a plan with a warning that names the shortfall, or with --strict an
 # error (exit 2) that says so; never a crash.

@@ -5,15 +5,11 @@
 //
 // File format: '#' comment lines, then a "[compute order]" and a "[lowered]" section, each with
 // one row per stage: "stage d | op op op ..." (ops as OpToString prints them).
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "pipeoffload/compiler.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/golden_file.h"
 
 namespace pipeoffload {
 namespace {
@@ -33,12 +29,6 @@ constexpr GoldenCase kCases[] = {
     {"group_interleaved_p4_m8_v2_g2_split.txt", Family::kGroupInterleaved, 4, 8, 2, 2, true},
     {"group_interleaved_p4_m8_v2_g2.txt", Family::kGroupInterleaved, 4, 8, 2, 2, false},
 };
-
-std::filesystem::path GoldenDir() {
-  if (const char* dir = std::getenv("PO_GOLDEN_DIR"); dir != nullptr && *dir != '\0') return dir;
-  // tests/schedules/golden_test.cc -> tests/golden
-  return std::filesystem::path(__FILE__).parent_path().parent_path() / "golden";
-}
 
 void AppendRows(const Schedule& schedule, std::string& out) {
   for (const StageProgram& program : schedule.stages) {
@@ -75,42 +65,8 @@ std::string Render(const GoldenCase& c) {
   return out;
 }
 
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
 TEST_CASE("golden schedules match the builders", "[golden][families]") {
-  const std::filesystem::path dir = GoldenDir();
-  const char* update = std::getenv("PO_UPDATE_GOLDEN");
-  const bool updating = update != nullptr && std::string(update) == "1";
-  for (const GoldenCase& c : kCases) {
-    const std::filesystem::path path = dir / c.file;
-    INFO("golden file " << path.string());
-    const std::string rendered = Render(c);
-    if (updating) {
-      std::ofstream out(path, std::ios::binary | std::ios::trunc);
-      out << rendered;
-      out.close();
-      REQUIRE(out.good());
-      continue;
-    }
-    std::ifstream in(path, std::ios::binary);
-    INFO("missing? run scripts/update_golden.sh");
-    REQUIRE(in.good());
-    std::stringstream stored;
-    stored << in.rdbuf();
-    const std::vector<std::string> want = Lines(stored.str());
-    const std::vector<std::string> got = Lines(rendered);
-    for (std::size_t i = 0; i < std::max(want.size(), got.size()); ++i) {
-      const std::string w = i < want.size() ? want[i] : "<end of file>";
-      const std::string g = i < got.size() ? got[i] : "<end of output>";
-      INFO("first difference at line " << i + 1 << "\n  golden:  " << w << "\n  builder: " << g);
-      REQUIRE(w == g);
-    }
-  }
+  for (const GoldenCase& c : kCases) testing::MatchGolden(c.file, Render(c));
 }
 
 // Hand-derived, and compared with PyTorch's own lowering of the same compute order
