@@ -27,7 +27,7 @@
 // Two consequences:
 //  - The planner's step prediction is that of p GPUs each 1/p as fast: it counts the warm-up
 //    and cool-down bubble, which on one GPU the other stages' work fills. The step to compare
-//    with the measured one comes from SimulateSharedGpu (pipeline_bench_shared_sim.h) fed the
+//    with the measured one comes from SimulateSharedGpu (pipeoffload/shared_gpu.h) fed the
 //    SOLO costs (SoloCostModel): the same programs with compute shared by the stages running
 //    at each instant and copies shared on the one link. After the run, the bench also gives a
 //    CALIBRATED prediction (CalibrationScale below): the solo costs miss the in-pipeline
@@ -51,7 +51,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/pipeline_bench_report.h"
-#include "bench/pipeline_bench_shared_sim.h"
+#include "pipeoffload/shared_gpu.h"
 #include "pipeoffload/calibrate.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/p2p_lifetimes.h"

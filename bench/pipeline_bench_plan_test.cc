@@ -11,39 +11,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/pipeline_bench_plan.h"
-#include "bench/pipeline_bench_shared_sim.h"
+#include "pipeoffload/shared_gpu.h"
 #include "pipeoffload/compiler.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload::bench {
 namespace {
 
 using Catch::Approx;
 
-Op MakeOp(OpKind kind, int mb, int peer = -1) { return Op{kind, mb, 0, peer}; }
-
-// One stage, one microbatch: F, then its entry leaves and comes back before B.
+// One stage of `microbatches` microbatches running `ops`.
 Schedule OneStage(std::vector<Op> ops, int microbatches) {
-  Schedule schedule;
-  schedule.spec.num_stages = 1;
-  schedule.spec.num_microbatches = microbatches;
-  schedule.spec.chunks_per_stage = 1;
-  schedule.stages.push_back(StageProgram{0, std::move(ops)});
-  return schedule;
-}
-
-CostModel UnitCosts() {
-  CostModel cost;
-  cost.forward_time = 1.0;
-  cost.backward_time = 0.5;  // unsplit: one B op takes backward + weight = 1
-  cost.weight_time = 0.5;
-  cost.activation_bytes = 10;
-  cost.d2h_bandwidth = 10.0;
-  cost.h2d_bandwidth = 10.0;
-  cost.duplex_bandwidth = 5.0;
-  cost.p2p_latency = 0.0;
-  cost.p2p_bandwidth = 1e30;
-  return cost;
+  return testing::Make(1, microbatches, 1, false, {std::move(ops)});
 }
 
 ChunkCosts Chunk(double forward, double backward, std::int64_t saved) {
@@ -52,81 +32,6 @@ ChunkCosts Chunk(double forward, double backward, std::int64_t saved) {
   costs.saved_bytes = saved;
   costs.boundary_bytes = saved / 16;
   return costs;
-}
-
-TEST_CASE("shared GPU: copies hold the stage, compute waits for them", "[pipeline_bench]") {
-  // F0 [0,1]; OFFLOAD0 [1,3] (10 B at 5 B/s); RELEASE0 at 3; RELOAD0 [3,5]; B0 [5,6].
-  CostModel cost = UnitCosts();
-  cost.d2h_bandwidth = cost.h2d_bandwidth = 5.0;
-  const Schedule schedule =
-      OneStage({MakeOp(OpKind::kForward, 0), MakeOp(OpKind::kOffload, 0),
-                MakeOp(OpKind::kRelease, 0), MakeOp(OpKind::kReload, 0),
-                MakeOp(OpKind::kBackward, 0)},
-               1);
-  absl::StatusOr<SharedGpuPrediction> out = SimulateSharedGpu(schedule, cost);
-  REQUIRE(out.ok());
-  CHECK(out->step_time == Approx(6.0));
-  CHECK(out->compute_work == Approx(2.0));
-  CHECK(out->gpu_idle == Approx(4.0));
-  CHECK(out->copy_stall == Approx(4.0));
-}
-
-TEST_CASE("shared GPU: both directions at once run at the duplex rate", "[pipeline_bench]") {
-  // F0 [0,1]; OFF0 [1,2] solo; REL0 2; F1 [2,3]; OFF1 and RELOAD0 from 3 at 5 B/s each: [3,5];
-  // REL1 5; B0 [5,6]; RELOAD1 [5,6] solo at 10 B/s; B1 [6,7]. Idle: [1,2] and [3,5].
-  const Schedule schedule = OneStage(
-      {MakeOp(OpKind::kForward, 0), MakeOp(OpKind::kOffload, 0), MakeOp(OpKind::kRelease, 0),
-       MakeOp(OpKind::kForward, 1), MakeOp(OpKind::kOffload, 1), MakeOp(OpKind::kReload, 0),
-       MakeOp(OpKind::kRelease, 1), MakeOp(OpKind::kBackward, 0), MakeOp(OpKind::kReload, 1),
-       MakeOp(OpKind::kBackward, 1)},
-      2);
-  absl::StatusOr<SharedGpuPrediction> out = SimulateSharedGpu(schedule, UnitCosts());
-  REQUIRE(out.ok());
-  CHECK(out->step_time == Approx(7.0));
-  CHECK(out->compute_work == Approx(4.0));
-  CHECK(out->gpu_idle == Approx(3.0));
-  CHECK(out->copy_stall == Approx(3.0));
-}
-
-TEST_CASE("shared GPU: running stages split the GPU equally", "[pipeline_bench]") {
-  // 1F1B p=2 m=2, F = 1, B = 3 (solo). Stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1.
-  // [0,1] s0 F0 alone; [1,3] s0 F1 + s1 F0 at half speed; [3,6] s1 B0 alone; from 6 s1 F1
-  // and s0 B0 share: s1 F1 ends at 8 with 2 of s0 B0 left; s1 B1 and s0 B0 share until 12
-  // (s0 B0 done, 1 of s1 B1 left); s1 B1 alone to 13; s0 B1 [13,16].
-  PipelineSpec spec;
-  spec.num_stages = 2;
-  spec.num_microbatches = 2;
-  CostModel cost = UnitCosts();
-  cost.backward_time = cost.weight_time = 1.5;
-  absl::StatusOr<Schedule> schedule = Compile(spec, cost);
-  REQUIRE(schedule.ok());
-  absl::StatusOr<SharedGpuPrediction> out = SimulateSharedGpu(*schedule, cost);
-  REQUIRE(out.ok());
-  CHECK(out->step_time == Approx(16.0));
-  CHECK(out->compute_work == Approx(16.0));
-  CHECK(out->gpu_idle == Approx(0.0).margin(1e-9));
-  REQUIRE(out->stage_end.size() == 2);
-  CHECK(out->stage_end[0] == Approx(16.0));
-  CHECK(out->stage_end[1] == Approx(13.0));
-}
-
-TEST_CASE("shared GPU: bad input is an error, a stuck program a hang report", "[pipeline_bench]") {
-  const Schedule stuck = OneStage({MakeOp(OpKind::kForward, 0), MakeOp(OpKind::kReload, 0),
-                                   MakeOp(OpKind::kBackward, 0)},
-                                  1);
-  absl::StatusOr<SharedGpuPrediction> out = SimulateSharedGpu(stuck, UnitCosts());
-  REQUIRE(out.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(std::string(out.status().message()).find("stage 0 at op 1 (RELOAD0.0)") !=
-        std::string::npos);
-
-  CostModel zero = UnitCosts();
-  zero.forward_time = 0.0;
-  out = SimulateSharedGpu(OneStage({MakeOp(OpKind::kForward, 0)}, 1), zero);
-  CHECK(out.status().code() == absl::StatusCode::kInvalidArgument);
-  CostModel no_link = UnitCosts();
-  no_link.duplex_bandwidth = 0.0;
-  out = SimulateSharedGpu(OneStage({MakeOp(OpKind::kForward, 0)}, 1), no_link);
-  CHECK(out.status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("planner costs: compute x p on one link; the one-GPU step fills the bubble",
@@ -466,7 +371,7 @@ TEST_CASE("calibration: scale = measured / simulated baseline; compute scales, c
   spec.num_microbatches = 4;
   PlannedPolicy base;
   base.name = "1f1b";
-  base.solo = UnitCosts();
+  base.solo = testing::HandTimedCosts();
   absl::StatusOr<Schedule> compiled = Compile(spec, base.solo);
   REQUIRE(compiled.ok());
   base.schedule = *compiled;
@@ -484,11 +389,11 @@ TEST_CASE("calibration: scale = measured / simulated baseline; compute scales, c
   // 1 + 2 + 2 + 1 = 6 s; at scale 2 only compute doubles: 2 + 2 + 2 + 2 = 8 s (not 12).
   PlannedPolicy copies;
   copies.name = "po-f";
-  copies.solo = UnitCosts();
+  copies.solo = testing::HandTimedCosts();
   copies.solo.d2h_bandwidth = copies.solo.h2d_bandwidth = 5.0;
-  copies.schedule = OneStage({MakeOp(OpKind::kForward, 0), MakeOp(OpKind::kOffload, 0),
-                              MakeOp(OpKind::kRelease, 0), MakeOp(OpKind::kReload, 0),
-                              MakeOp(OpKind::kBackward, 0)},
+  copies.schedule = OneStage({testing::F(0), testing::Offload(0),
+                              testing::Release(0), testing::Reload(0),
+                              testing::B(0)},
                              1);
   absl::StatusOr<SharedGpuPrediction> one = CalibratedPrediction(copies, 1.0);
   absl::StatusOr<SharedGpuPrediction> two = CalibratedPrediction(copies, 2.0);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -75,6 +76,42 @@ struct ChunkTimingOptions {
 // positive; DeadlineExceeded when a call does not finish in time; the model's and backend's.
 [[nodiscard]] absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model,
                                                            const ChunkTimingOptions& options);
+
+// What one pipeline stage measured: each of its chunks alone on its device (in chunk order),
+// and its host link. The planner's input for measured costs (planning.h: MeasuredCostModel).
+struct StageCosts {
+  std::vector<ChunkTimes> chunks;
+  LinkFigures link;
+};
+// The mean over a stage's chunks. REQUIRES: costs.chunks not empty.
+ChunkTimes MeanChunkTimes(const StageCosts& costs);
+// Each figure's minimum over the stages. REQUIRES: stages not empty.
+LinkFigures SlowestLink(const std::vector<StageCosts>& stages);
+
+// What MeasureStageCosts runs.
+struct StageCostProbe {
+  int untimed = 2;  // per chunk, as ChunkTimingOptions
+  int reps = 3;
+  double timeout_seconds = 120.0;
+  // The host link is timed with copies of the stage's largest stash entry, clamped to
+  // [1 MiB, link_probe_max_bytes]: big enough for the copy engines' full rate, small enough to
+  // leave the device's memory to the model (two device and two host buffers of it).
+  std::int64_t link_probe_max_bytes = std::int64_t{256} << 20;
+  int link_reps = 3;
+  std::function<absl::Status(void* device, std::int64_t bytes, int index)> fill;  // as above
+};
+
+// Times every chunk of stage `stage` of a pipeline of `num_stages` stages and `chunks` chunks
+// per stage (chunk c is virtual stage c * p + stage: the first has no input, the last no
+// output) with MeasureChunkTimes on microbatch 0, then its host link with MeasureLink. The
+// model must be ready to run every chunk for microbatch 0 (its first iteration started) and
+// its weight gradients collect the calls' contributions (start the next iteration, which
+// zeroes them, before training). Errors: those two functions', annotated with the stage and
+// chunk; InvalidArgument for a stage outside [0, num_stages) or chunks < 1.
+[[nodiscard]] absl::StatusOr<StageCosts> MeasureStageCosts(Backend& backend, StageModel& model,
+                                                           int num_stages, int chunks, int stage,
+                                                           bool split_backward,
+                                                           const StageCostProbe& probe = {});
 
 }  // namespace pipeoffload
 

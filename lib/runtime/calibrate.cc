@@ -187,4 +187,61 @@ absl::StatusOr<ChunkTimes> MeasureChunkTimes(Backend& backend, StageModel& model
   return ChunkTimes{Median(std::move(forward)), Median(std::move(backward))};
 }
 
+ChunkTimes MeanChunkTimes(const StageCosts& costs) {
+  ChunkTimes mean;
+  for (const ChunkTimes& chunk : costs.chunks) {
+    mean.forward += chunk.forward;
+    mean.backward += chunk.backward;
+  }
+  const double n = static_cast<double>(costs.chunks.size());
+  return ChunkTimes{mean.forward / n, mean.backward / n};
+}
+
+LinkFigures SlowestLink(const std::vector<StageCosts>& stages) {
+  LinkFigures slowest = stages.front().link;
+  for (const StageCosts& stage : stages) {
+    slowest.d2h = std::min(slowest.d2h, stage.link.d2h);
+    slowest.h2d = std::min(slowest.h2d, stage.link.h2d);
+    slowest.duplex = std::min(slowest.duplex, stage.link.duplex);
+  }
+  return slowest;
+}
+
+absl::StatusOr<StageCosts> MeasureStageCosts(Backend& backend, StageModel& model, int num_stages,
+                                             int chunks, int stage, bool split_backward,
+                                             const StageCostProbe& probe) {
+  if (stage < 0 || stage >= num_stages || chunks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("MeasureStageCosts: stage ", stage, " of ",
+                                                   num_stages, " with ", chunks, " chunks"));
+  }
+  constexpr std::int64_t kLinkProbeMinBytes = std::int64_t{1} << 20;
+  StageCosts costs;
+  std::int64_t largest = 0;
+  for (int c = 0; c < chunks; ++c) {
+    ChunkTimingOptions options;
+    options.chunk = c;
+    options.has_input = !(c == 0 && stage == 0);
+    options.has_output = !(c == chunks - 1 && stage == num_stages - 1);
+    options.untimed = probe.untimed;
+    options.reps = probe.reps;
+    options.timeout_seconds = probe.timeout_seconds;
+    options.fill = probe.fill;
+    absl::StatusOr<ChunkTimes> times = MeasureChunkTimes(backend, model, options);
+    if (!times.ok()) {
+      return Annotate(times.status(), absl::StrCat("measuring stage ", stage, " chunk ", c));
+    }
+    costs.chunks.push_back(*times);
+    largest = std::max(largest, model.SavedBytes(c, split_backward));
+  }
+  const std::int64_t probe_bytes =
+      std::clamp(largest, kLinkProbeMinBytes, std::max(kLinkProbeMinBytes,
+                                                       probe.link_probe_max_bytes));
+  absl::StatusOr<LinkFigures> link = MeasureLink(backend, probe_bytes, probe.link_reps);
+  if (!link.ok()) {
+    return Annotate(link.status(), absl::StrCat("measuring stage ", stage, "'s host link"));
+  }
+  costs.link = *link;
+  return costs;
+}
+
 }  // namespace pipeoffload

@@ -20,36 +20,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/backend/clock.h"
+#include "lib/transport/mpi_comm.h"
 #include "lib/transport/transport_checks.h"
 #include "pipeoffload/transport.h"
 
 namespace pipeoffload {
 namespace {
 
-absl::Status MpiError(int code, const char* call) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  int error_class = code;
-  MPI_Error_class(code, &error_class);
-  const std::string message =
-      absl::StrCat("mpi transport: ", call, " failed: ", std::string(text, length));
-  if (error_class == MPI_ERR_TRUNCATE) return absl::InvalidArgumentError(message);
-  return absl::UnavailableError(message);
-}
-
-bool Finalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
 // Returns the Status of a failed MPI call, with the call's text and MPI_Error_string.
-#define PO_MPI_RETURN_IF_ERROR(call)                                   \
-  do {                                                                 \
-    const int po_mpi_rc_ = (call);                                     \
-    if (po_mpi_rc_ != MPI_SUCCESS) return MpiError(po_mpi_rc_, #call); \
-  } while (0)
+#define PO_MPI_RETURN_IF_ERROR(call) PO_MPI_RETURN_IF_ERROR_AS("mpi transport", call)
+
+absl::Status MpiError(int code, const char* call) {
+  return internal::MpiError(code, "mpi transport", call);
+}
 
 class MpiRequest final : public TransferRequest {
  public:
@@ -57,7 +40,7 @@ class MpiRequest final : public TransferRequest {
       : is_recv_(is_recv), what_(std::move(what)), bytes_(bytes), poll_interval_(poll_interval) {}
 
   ~MpiRequest() override {
-    if (request_ == MPI_REQUEST_NULL || Finalized()) return;
+    if (request_ == MPI_REQUEST_NULL || internal::MpiFinalized()) return;
     // Abandoned after an error: cancel a receive so it cannot write into a freed buffer; a send
     // is left to finish (cancelling sends is deprecated), as the interface documents.
     if (is_recv_) MPI_Cancel(&request_);
@@ -116,21 +99,14 @@ class MpiRequest final : public TransferRequest {
 
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(const MpiTransportOptions& options, MPI_Comm comm, int rank, int size,
-               std::int64_t tag_ub, bool owns_mpi)
-      : options_(options), comm_(comm), rank_(rank), size_(size), tag_ub_(tag_ub),
-        owns_mpi_(owns_mpi) {}
+  MpiTransport(const MpiTransportOptions& options, internal::MpiComm comm, std::int64_t tag_ub)
+      : options_(options), mpi_(comm), tag_ub_(tag_ub) {}
 
-  ~MpiTransport() override {
-    // Teardown: errors are ignored, and nothing is called once someone else finalized MPI.
-    if (Finalized()) return;
-    MPI_Comm_free(&comm_);
-    if (owns_mpi_) MPI_Finalize();
-  }
+  ~MpiTransport() override { internal::FreeMpiComm(mpi_); }
 
   std::string Name() const override { return "mpi"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return mpi_.rank; }
+  int size() const override { return mpi_.size; }
 
   absl::StatusOr<std::unique_ptr<TransferRequest>> Send(int peer, const MessageTag& tag,
                                                         const void* data,
@@ -163,7 +139,7 @@ class MpiTransport final : public Transport {
                                                         std::int64_t bytes) {
     const char* call = is_recv ? "Recv" : "Send";
     if (absl::Status ok =
-            internal::CheckTransfer("mpi", call, rank_, size_, peer, tag, data, bytes);
+            internal::CheckTransfer("mpi", call, mpi_.rank, mpi_.size, peer, tag, data, bytes);
         !ok.ok()) {
       return ok;
     }
@@ -176,26 +152,23 @@ class MpiTransport final : public Transport {
     if (!mpi_tag.ok()) return mpi_tag.status();
     const std::string what =
         absl::StrCat(is_recv ? "receive of " : "send of ", MessageTagToString(tag),
-                     is_recv ? " from rank " : " to rank ", peer, " on rank ", rank_);
+                     is_recv ? " from rank " : " to rank ", peer, " on rank ", mpi_.rank);
     auto request = std::make_unique<MpiRequest>(is_recv, what, bytes,
                                                 options_.poll_interval_seconds);
     const int count = static_cast<int>(bytes);
     if (is_recv) {
       PO_MPI_RETURN_IF_ERROR(
-          MPI_Irecv(data, count, MPI_BYTE, peer, *mpi_tag, comm_, request->request()));
+          MPI_Irecv(data, count, MPI_BYTE, peer, *mpi_tag, mpi_.comm, request->request()));
     } else {
       PO_MPI_RETURN_IF_ERROR(
-          MPI_Isend(data, count, MPI_BYTE, peer, *mpi_tag, comm_, request->request()));
+          MPI_Isend(data, count, MPI_BYTE, peer, *mpi_tag, mpi_.comm, request->request()));
     }
     return std::unique_ptr<TransferRequest>(std::move(request));
   }
 
   const MpiTransportOptions options_;
-  MPI_Comm comm_;
-  const int rank_;
-  const int size_;
+  internal::MpiComm mpi_;
   const std::int64_t tag_ub_;
-  const bool owns_mpi_;
 };
 
 absl::StatusOr<std::unique_ptr<Transport>> Create(const MpiTransportOptions& options) {
@@ -204,28 +177,18 @@ absl::StatusOr<std::unique_ptr<Transport>> Create(const MpiTransportOptions& opt
         "mpi transport: need max_chunks >= 1 and poll_interval_seconds >= 0, got ",
         options.max_chunks, " and ", options.poll_interval_seconds));
   }
-  int initialized = 0;
-  PO_MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
-  bool owns_mpi = false;
-  if (!initialized) {
-    int provided = 0;
-    PO_MPI_RETURN_IF_ERROR(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
-    owns_mpi = true;
-  }
-  MPI_Comm comm = MPI_COMM_NULL;
-  PO_MPI_RETURN_IF_ERROR(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
-  PO_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
-  int rank = 0;
-  int size = 0;
-  PO_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank));
-  PO_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
+  absl::StatusOr<internal::MpiComm> mpi = internal::DupMpiWorld("mpi transport");
+  if (!mpi.ok()) return mpi.status();
+  const MPI_Comm comm = mpi->comm;
   void* attribute = nullptr;
   int found = 0;
-  PO_MPI_RETURN_IF_ERROR(MPI_Comm_get_attr(comm, MPI_TAG_UB, &attribute, &found));
+  if (const int rc = MPI_Comm_get_attr(comm, MPI_TAG_UB, &attribute, &found); rc != MPI_SUCCESS) {
+    internal::FreeMpiComm(*mpi);
+    return MpiError(rc, "MPI_Comm_get_attr(MPI_TAG_UB)");
+  }
   // The standard guarantees at least 32767 when the attribute is missing.
   const std::int64_t tag_ub = found ? *static_cast<int*>(attribute) : 32767;
-  return std::unique_ptr<Transport>(
-      new MpiTransport(options, comm, rank, size, tag_ub, owns_mpi));
+  return std::unique_ptr<Transport>(new MpiTransport(options, *mpi, tag_ub));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // MPI transport, run under `mpirun -np N` (N >= 2; CTest runs N = 2, label mpi): tagged
 // messages, sizes, timeouts, the MPI_TAG_UB check, barriers, and the executor over MPI giving
-// the same bits as the single-process reference (and so as the local transport).
+// the same bits as the single-process reference (and so as the local transport); the MPI
+// rank group, and a PipelineStage opened over both with measured costs.
 //
 // Every rank runs every test case in the same order; a case that talks ends with a barrier on
 // the world so a failure on one rank cannot leave the other waiting on a later case's message.
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "pipeoffload/compiler.h"
+#include "pipeoffload/pipeline.h"
+#include "pipeoffload/rank_group.h"
 #include "pipeoffload/runtime.h"
 #include "pipeoffload/transport.h"
 #include "tests/runtime/hand_schedules.h"
@@ -167,6 +170,80 @@ TEST_CASE("the executor over MPI matches the reference bit for bit", "[mpi][exec
   REQUIRE(compiled.ok());
   RunStageOverMpi(*compiled,
                   compiled->predictions->stages[static_cast<std::size_t>(world.rank())].peak_bytes);
+  SyncAll();
+}
+
+// The MPI rank group, created after the world transport (which owns MPI and finalizes it at
+// exit), so it is destroyed first.
+RankGroup& Group() {
+  World();
+  static std::unique_ptr<RankGroup> group = [] {
+    absl::StatusOr<std::unique_ptr<RankGroup>> created = CreateMpiRankGroup(kTimeout);
+    if (!created.ok()) {
+      std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+      std::abort();
+    }
+    return std::move(*created);
+  }();
+  return *group;
+}
+
+TEST_CASE("the MPI rank group gathers and exchanges; AllGatherChecked agrees on failures",
+          "[mpi][group]") {
+  RankGroup& group = Group();
+  const int rank = group.rank();
+  CHECK(group.size() == World().size());
+  CHECK(rank == World().rank());
+  absl::StatusOr<std::vector<std::string>> all =
+      group.AllGather(std::string(static_cast<std::size_t>(rank), 'x'));
+  REQUIRE(all.ok());
+  for (int r = 0; r < group.size(); ++r) {
+    CHECK((*all)[static_cast<std::size_t>(r)] == std::string(static_cast<std::size_t>(r), 'x'));
+  }
+  if (group.size() % 2 == 0) {
+    const int peer = rank ^ 1;
+    absl::StatusOr<std::string> theirs = group.Exchange(peer, std::to_string(rank));
+    REQUIRE(theirs.ok());
+    CHECK(*theirs == std::to_string(peer));
+  }
+  const absl::Status mine =
+      rank == 1 ? absl::NotFoundError("rank 1's file") : absl::OkStatus();
+  absl::StatusOr<std::vector<std::string>> checked =
+      AllGatherChecked(group, mine, "", "setup (mpi)");
+  CHECK(checked.status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(checked.status().message()).find("setup (mpi) failed on 1 of ") == 0);
+  SyncAll();
+}
+
+TEST_CASE("a PipelineStage opens over MPI with measured costs and runs po-f exactly",
+          "[mpi][pipeline]") {
+  Transport& world = World();
+  const int p = world.size();
+  PipelineSpec spec;
+  spec.num_stages = p;
+  spec.num_microbatches = 2 * p;
+  spec.offload = OffloadPolicy::kFull;
+  StageOptions options;
+  options.spec = spec;
+  options.transport = &world;
+  options.group = &Group();
+  options.costs.source = CostSource::kMeasured;
+  options.costs.probe.link_probe_max_bytes = 1 << 20;
+  options.executor.wait_timeout_seconds = kTimeout;
+  ToyStageModel model(ToyConfig{p, 1, 2 * p, 64, 0}, world.rank());
+  absl::StatusOr<std::unique_ptr<PipelineStage>> stage = PipelineStage::Open(options, model);
+  INFO(stage.status().ToString());
+  REQUIRE(stage.ok());
+  CHECK((*stage)->measured_costs().size() == static_cast<std::size_t>(p));
+  const StagePrediction& predicted =
+      (*stage)->schedule().predictions->stages[static_cast<std::size_t>(world.rank())];
+  for (int it = 0; it < 2; ++it) {
+    absl::StatusOr<IterationStats> stats = (*stage)->Run();
+    INFO(stats.status().ToString());
+    REQUIRE(stats.ok());
+    CHECK(stats->stash_high_water_bytes == predicted.peak_bytes);
+    CHECK(stats->offloaded_bytes == predicted.offloaded_bytes);
+  }
   SyncAll();
 }
 

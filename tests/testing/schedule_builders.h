@@ -1,12 +1,13 @@
 // Short constructors for hand-built schedules in tests: F(mb, chunk), SendF(mb, peer, chunk), ...
-// Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d], MakeSpec, and
-// Timed for the ops of hand-built timelines.
+// Make(p, m, v, split, programs) for a Schedule whose stage d runs programs[d], MakeSpec,
+// Timed for the ops of hand-built timelines, and HandTimedCosts to time them by hand.
 #ifndef PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
 #define PIPEOFFLOAD_TESTS_TESTING_SCHEDULE_BUILDERS_H_
 
 #include <utility>
 #include <vector>
 
+#include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/simulate.h"
 
@@ -58,6 +59,22 @@ inline Schedule Make(int p, int m, int v, bool split, std::vector<std::vector<Op
     schedule.stages.push_back({d, std::move(programs[static_cast<std::size_t>(d)])});
   }
   return schedule;
+}
+
+// Costs easy to time by hand: F = 1, an unsplit B = 1 (0.5 + 0.5), 10-byte entries over a
+// 10 B/s link each way alone, 5 B/s each way at once, free P2P.
+inline CostModel HandTimedCosts() {
+  CostModel cost;
+  cost.forward_time = 1.0;
+  cost.backward_time = 0.5;
+  cost.weight_time = 0.5;
+  cost.activation_bytes = 10;
+  cost.d2h_bandwidth = 10.0;
+  cost.h2d_bandwidth = 10.0;
+  cost.duplex_bandwidth = 5.0;
+  cost.p2p_latency = 0.0;
+  cost.p2p_bandwidth = 1e30;
+  return cost;
 }
 
 }  // namespace pipeoffload::testing

@@ -1,4 +1,4 @@
-// SimulateSharedGpu (see the header): a fluid event loop over the stages' programs.
+// SimulateSharedGpu (shared_gpu.h): a fluid event loop over the stages' programs.
 //
 // Invariants of the loop:
 //  - time only moves to the next instant at which something running finishes (a compute op,
@@ -7,7 +7,7 @@
 //    exactly at the instant its last dependency finished, as in Simulate;
 //  - end_[s][i] is +infinity until op i of stage s has finished, then its end time; a P2P op's
 //    end is its transfer's end (on both stages).
-#include "bench/pipeline_bench_shared_sim.h"
+#include "pipeoffload/shared_gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/ir/grid_index.h"
 
-namespace pipeoffload::bench {
+namespace pipeoffload {
 namespace {
 
 using internal::ScheduleIndex;
@@ -375,4 +375,4 @@ absl::StatusOr<SharedGpuPrediction> SimulateSharedGpu(const Schedule& schedule,
   return out;
 }
 
-}  // namespace pipeoffload::bench
+}  // namespace pipeoffload

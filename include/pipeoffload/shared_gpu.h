@@ -1,5 +1,6 @@
-// The step time of a pipeline whose p stages time-share ONE GPU and ONE PCIe link, as
-// pipeline_bench runs it (stages as threads, each with its own streams, on one device).
+// The step time of a pipeline whose p stages time-share ONE GPU and ONE host link: stages as
+// threads of one process, each with its own streams, on one device (the local transport on one
+// GPU; pipeline_bench, and gpt_train --backend cuda --transport local).
 //
 // Why not Simulate (simulate.h) alone: Simulate gives every stage its own compute engine and
 // host link. On one GPU that is wrong in both directions: a stage's op runs slower than alone
@@ -20,9 +21,9 @@
 //    p2p_bandwidth once both ends are posted and its data is produced.
 // It is a prediction from solo op costs, not a fit: kernels of different streams do not
 // interleave perfectly, so a measured step above this prediction by a few percent is the
-// price of sharing; a larger gap is stalls (a reload late, a barrier wait).
-#ifndef PIPEOFFLOAD_BENCH_PIPELINE_BENCH_SHARED_SIM_H_
-#define PIPEOFFLOAD_BENCH_PIPELINE_BENCH_SHARED_SIM_H_
+// price of sharing; a larger gap is stalls (a reload late, a barrier wait). Pure: no I/O.
+#ifndef PIPEOFFLOAD_SHARED_GPU_H_
+#define PIPEOFFLOAD_SHARED_GPU_H_
 
 #include <vector>
 
@@ -30,7 +31,7 @@
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
 
-namespace pipeoffload::bench {
+namespace pipeoffload {
 
 struct SharedGpuPrediction {
   double step_time = 0.0;     // makespan
@@ -46,6 +47,6 @@ struct SharedGpuPrediction {
 [[nodiscard]] absl::StatusOr<SharedGpuPrediction> SimulateSharedGpu(const Schedule& schedule,
                                                                     const CostModel& cost);
 
-}  // namespace pipeoffload::bench
+}  // namespace pipeoffload
 
-#endif  // PIPEOFFLOAD_BENCH_PIPELINE_BENCH_SHARED_SIM_H_
+#endif  // PIPEOFFLOAD_SHARED_GPU_H_

@@ -1,0 +1,170 @@
+// PlanSchedule and ReplanSchedule (planning.h): Compile or Simulate under the job's costs, and
+// for stages sharing one GPU the compute-factor search judged by SimulateSharedGpu.
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/compiler.h"
+#include "pipeoffload/planning.h"
+#include "pipeoffload/simulate.h"
+#include "pipeoffload/validate.h"
+
+namespace pipeoffload {
+namespace {
+
+bool OneGpu(const PlanOptions& options) { return options.shared_gpu.stages_per_device > 1; }
+
+absl::Status CheckOptions(const PlanOptions& options, int num_stages) {
+  const SharedGpu& shared = options.shared_gpu;
+  if (shared.stages_per_device != 1 && shared.stages_per_device != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stages_per_device must be 1 (a device per stage) or the stage count ", num_stages,
+        " (every stage on one GPU), got ", shared.stages_per_device));
+  }
+  if (shared.compute_factor != 0.0 &&
+      !(shared.compute_factor >= 1.0 && std::isfinite(shared.compute_factor))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the compute factor must be 0 (searched) or at least 1, got ", shared.compute_factor));
+  }
+  if (!(options.auto_budget_share >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auto_budget_share must be >= 0, got ", options.auto_budget_share));
+  }
+  return absl::OkStatus();
+}
+
+std::int64_t MaxPeakBytes(const Schedule& schedule) {
+  std::int64_t peak = 0;
+  for (const StagePrediction& stage : schedule.predictions->stages) {
+    peak = std::max(peak, stage.peak_bytes);
+  }
+  return peak;
+}
+
+std::int64_t StashSum(const Schedule& schedule) {
+  std::int64_t sum = 0;
+  for (const StagePrediction& stage : schedule.predictions->stages) sum += stage.peak_bytes;
+  return sum;
+}
+
+// `spec` planned at compute factor `c` (c = 1 and the solo costs with a device per stage).
+absl::StatusOr<Plan> PlanAt(const PipelineSpec& spec, const CostModel& solo,
+                            const PlanOptions& options, double c) {
+  Plan plan;
+  plan.compute_factor = c;
+  plan.planned_with =
+      OneGpu(options) ? SharedGpuCostModel(solo, options.shared_gpu, spec.num_stages, c) : solo;
+  PO_ASSIGN_OR_RETURN(plan.schedule, Compile(spec, plan.planned_with));
+  if (!plan.schedule.predictions.has_value()) {
+    return absl::InternalError("Compile gave no predictions");
+  }
+  if (OneGpu(options)) {
+    PO_ASSIGN_OR_RETURN(plan.shared, SimulateSharedGpu(plan.schedule, solo));
+  }
+  return plan;
+}
+
+// The spec with auto's budget resolved from auto_budget_share.
+absl::StatusOr<PipelineSpec> Budgeted(const PipelineSpec& spec, const CostModel& solo,
+                                      const PlanOptions& options) {
+  if (spec.offload != OffloadPolicy::kAuto || options.auto_budget_share <= 0) return spec;
+  PipelineSpec plain = spec;
+  plain.offload = OffloadPolicy::kNone;
+  absl::StatusOr<Plan> baseline =
+      PlanAt(plain, solo, options, OneGpu(options) ? spec.num_stages : 1.0);
+  if (!baseline.ok()) return Annotate(baseline.status(), "auto: the plan without offload");
+  PipelineSpec budgeted = spec;
+  budgeted.memory_budget_bytes = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(options.auto_budget_share *
+                                   static_cast<double>(MaxPeakBytes(baseline->schedule))));
+  return budgeted;
+}
+
+// The compute factors to try for an offload plan on one GPU, largest first.
+std::vector<double> SearchFactors(int num_stages) {
+  std::vector<double> factors;
+  for (const double share : {1.0, 0.75, 0.5, 0.25, 0.0}) {
+    const double factor = std::max(1.0, num_stages * share);
+    if (factors.empty() || factor < factors.back()) factors.push_back(factor);
+  }
+  return factors;
+}
+
+// Whether `candidate` beats `best` (see the top of planning.h): plans within the bound beat
+// those over it; among those within, the smaller largest stash peak, then the smaller sum of
+// peaks, then the faster one-GPU step; among those over it, the faster step.
+bool Better(const Plan& candidate, const std::optional<Plan>& best, double bound) {
+  if (!best.has_value()) return true;
+  const bool fits = candidate.shared->step_time <= bound;
+  const bool best_fits = best->shared->step_time <= bound;
+  if (fits != best_fits) return fits;
+  const auto key = [](const Plan& plan) {
+    return std::make_tuple(MaxPeakBytes(plan.schedule), StashSum(plan.schedule),
+                           plan.shared->step_time);
+  };
+  if (fits) return key(candidate) < key(*best);
+  return std::make_pair(candidate.shared->step_time, MaxPeakBytes(candidate.schedule)) <
+         std::make_pair(best->shared->step_time, MaxPeakBytes(best->schedule));
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanSchedule(const PipelineSpec& spec, const CostModel& solo,
+                                  const PlanOptions& options) {
+  PO_RETURN_IF_ERROR(CheckOptions(options, spec.num_stages));
+  PO_ASSIGN_OR_RETURN(const PipelineSpec budgeted, Budgeted(spec, solo, options));
+  if (!OneGpu(options)) return PlanAt(budgeted, solo, options, 1.0);
+  const double p = spec.num_stages;
+  // The order without offload: the search's bound, and the plan itself when nothing moves (the
+  // factor only places copies, so such plans are made at c = p).
+  PipelineSpec plain = budgeted;
+  plain.offload = OffloadPolicy::kNone;
+  PO_ASSIGN_OR_RETURN(Plan baseline, PlanAt(plain, solo, options, p));
+  if (budgeted.offload == OffloadPolicy::kNone) {
+    baseline.shared_baseline = baseline.shared;
+    return baseline;
+  }
+  const double pinned = options.shared_gpu.compute_factor;
+  const std::vector<double> factors =
+      pinned > 0 ? std::vector<double>{pinned} : SearchFactors(spec.num_stages);
+  const double bound = baseline.shared->step_time * (1.0 + options.shared_gpu.search_tolerance);
+  std::optional<Plan> best;
+  absl::Status first_error = absl::OkStatus();
+  for (const double c : factors) {
+    absl::StatusOr<Plan> plan = PlanAt(budgeted, solo, options, c);
+    if (!plan.ok()) {
+      if (first_error.ok()) first_error = Annotate(plan.status(), absl::StrCat("at c = ", c));
+      continue;
+    }
+    if (Better(*plan, best, bound)) best = *std::move(plan);
+  }
+  if (!best.has_value()) return first_error;
+  best->shared_baseline = baseline.shared;
+  return *std::move(best);
+}
+
+absl::StatusOr<Plan> ReplanSchedule(Schedule schedule, const CostModel& solo,
+                                    const PlanOptions& options) {
+  PO_RETURN_IF_ERROR(CheckOptions(options, schedule.spec.num_stages));
+  PO_RETURN_IF_ERROR(Validate(schedule));
+  Plan plan;
+  const double pinned = options.shared_gpu.compute_factor;
+  plan.compute_factor = !OneGpu(options) ? 1.0 : pinned > 0 ? pinned : schedule.spec.num_stages;
+  plan.planned_with = OneGpu(options) ? SharedGpuCostModel(solo, options.shared_gpu,
+                                                           schedule.spec.num_stages,
+                                                           plan.compute_factor)
+                                      : solo;
+  absl::StatusOr<Timeline> timeline = Simulate(schedule, plan.planned_with);
+  if (!timeline.ok()) return Annotate(timeline.status(), "simulating the given schedule");
+  schedule.predictions = std::move(timeline->predictions);
+  plan.schedule = std::move(schedule);
+  if (OneGpu(options)) {
+    PO_ASSIGN_OR_RETURN(plan.shared, SimulateSharedGpu(plan.schedule, solo));
+  }
+  return plan;
+}
+
+}  // namespace pipeoffload

@@ -1,0 +1,73 @@
+// AllGatherChecked (see rank_group.h): every rank's status travels with its payload, so a
+// failure anywhere is reported by every rank, in the same words.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/base/byte_wire.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/rank_group.h"
+
+namespace pipeoffload {
+
+absl::StatusOr<std::vector<std::string>> AllGatherChecked(RankGroup& group,
+                                                          const absl::Status& mine,
+                                                          const std::string& payload,
+                                                          std::string_view phase,
+                                                          bool* group_failed) {
+  internal::ByteWriter writer;
+  writer.PutStatus(mine);
+  writer.PutString(payload);
+  absl::StatusOr<std::vector<std::string>> all = group.AllGather(writer.Take());
+  if (!all.ok()) {
+    if (group_failed != nullptr) *group_failed = true;
+    return Annotate(all.status(), absl::StrCat(std::string(phase), ": the ranks could not meet"));
+  }
+  std::vector<std::string> payloads;
+  // Failures grouped by message, in rank order: ranks that fail alike (a bad file, a wrong
+  // stage count) are named together with one message.
+  std::vector<std::pair<std::string, std::vector<int>>> failures;
+  absl::StatusCode first_code = absl::StatusCode::kOk;
+  int failed = 0;
+  for (int r = 0; r < group.size(); ++r) {
+    internal::ByteReader reader((*all)[static_cast<std::size_t>(r)]);
+    absl::Status status;
+    std::string theirs;
+    reader.GetStatus(&status);
+    reader.GetString(&theirs);
+    if (absl::Status read = reader.Finish(phase); !read.ok()) status = read;
+    if (!status.ok()) {
+      if (failed++ == 0) first_code = status.code();
+      const std::string message(status.message());
+      auto same = std::find_if(failures.begin(), failures.end(),
+                               [&](const auto& failure) { return failure.first == message; });
+      if (same == failures.end()) {
+        failures.push_back({message, {r}});
+      } else {
+        same->second.push_back(r);
+      }
+    }
+    payloads.push_back(std::move(theirs));
+  }
+  if (failed == 0) return payloads;
+  const auto ranks = [](const std::vector<int>& list) {
+    return absl::StrCat(list.size() == 1 ? "rank " : "ranks ", absl::StrJoin(list, ", "));
+  };
+  std::string text =
+      absl::StrCat(std::string(phase), " failed on ",
+                   failed == group.size() ? std::string("every rank")
+                                          : absl::StrCat(failed, " of ", group.size(), " ranks"));
+  if (failures.size() == 1) {
+    if (failed < group.size()) absl::StrAppend(&text, " (", ranks(failures[0].second), ")");
+    absl::StrAppend(&text, ": ", failures[0].first);
+  } else {
+    text += ":";
+    for (const auto& [message, list] : failures) {
+      absl::StrAppend(&text, "\n  ", ranks(list), ": ", message);
+    }
+  }
+  return absl::Status(first_code, text);
+}
+
+}  // namespace pipeoffload
