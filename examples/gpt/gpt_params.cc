@@ -14,15 +14,6 @@
 
 namespace pipeoffload::gpt {
 
-std::uint64_t Fnv1a64(const void* data, std::int64_t bytes, std::uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::int64_t i = 0; i < bytes; ++i) {
-    hash ^= p[i];
-    hash *= kFnvPrime;
-  }
-  return hash;
-}
-
 absl::StatusOr<std::uint64_t> CombineTensorHashes(std::vector<TensorHash> hashes, int num_tensors) {
   std::sort(hashes.begin(), hashes.end(),
             [](const TensorHash& a, const TensorHash& b) { return a.id < b.id; });

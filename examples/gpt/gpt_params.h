@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "examples/gpt/gpt_config.h"
+#include "lib/base/fnv1a.h"
 
 namespace pipeoffload::gpt {
 
@@ -30,10 +31,10 @@ struct ParamTensor {
   bool mirror = false;
 };
 
-// FNV-1a 64 (Fowler, Noll, Vo): offset basis and prime from the published parameters.
-inline constexpr std::uint64_t kFnvOffsetBasis = 0xCBF29CE484222325ull;
-inline constexpr std::uint64_t kFnvPrime = 0x100000001B3ull;
-std::uint64_t Fnv1a64(const void* data, std::int64_t bytes, std::uint64_t hash = kFnvOffsetBasis);
+// FNV-1a 64 (lib/base/fnv1a.h): the hash of tensors and checksums.
+using internal::Fnv1a64;
+using internal::kFnvOffsetBasis;
+using internal::kFnvPrime;
 
 // Elements per init block (see the top of this file).
 inline constexpr std::int64_t kInitBlock = std::int64_t{1} << 20;

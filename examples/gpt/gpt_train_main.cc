@@ -20,8 +20,8 @@
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_options.h"
 #include "examples/gpt/train_pipeline.h"
-#include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_stage.h"
+#include "pipeoffload/planning.h"
 #include "pipeoffload/transport.h"
 #ifdef PO_GPT_TRAIN_WITH_CUDA
 #include "examples/gpt/train_cuda/train_stage_cuda.h"
@@ -61,9 +61,9 @@ int ExitCode(const TrainResult& result) { return result.peaks_match ? 0 : kExitP
 // mpirun kills every rank as soon as one exits non-zero, maybe before the others have printed
 // their message. So under mpirun a failing rank first meets all the others (each has printed
 // by then), and MPI is finalized, before anyone exits.
-int ExitTogether(std::unique_ptr<TrainGroup> group, int code) {
+int ExitTogether(std::unique_ptr<pipeoffload::RankGroup> group, int code) {
   if (group == nullptr && LaunchedByMpi() && MpiAvailable()) {
-    absl::StatusOr<std::unique_ptr<TrainGroup>> created =
+    absl::StatusOr<std::unique_ptr<pipeoffload::RankGroup>> created =
         CreateMpiTrainGroup(/*timeout_seconds=*/30.0);
     if (created.ok()) group = *std::move(created);
   }
@@ -86,11 +86,11 @@ int EngineThreads(int ranks_per_host) {
 int RunLocal(const TrainOptions& options, const std::shared_ptr<const GptData>& data) {
   int stages = options.stages_given ? options.stages : 4;
   if (!options.stages_given && !options.schedule_file.empty()) {
-    absl::StatusOr<pipeoffload::Schedule> loaded = LoadScheduleFile(options.schedule_file);
+    absl::StatusOr<pipeoffload::Schedule> loaded = pipeoffload::LoadScheduleFile(options.schedule_file);
     if (!loaded.ok()) return Fail("", std::string(loaded.status().message()), kExitFailed);
     stages = loaded->spec.num_stages;
   }
-  auto groups = CreateLocalTrainGroups(stages, CollectiveTimeout(options));
+  auto groups = pipeoffload::CreateLocalRankGroups(stages, CollectiveTimeout(options));
   if (!groups.ok()) return Fail("", std::string(groups.status().message()), kExitFailed);
 #ifdef PO_GPT_TRAIN_WITH_CUDA
   // Outlives the transports (their receive copiers use its backends) and the stages.
@@ -139,7 +139,7 @@ int RunLocal(const TrainOptions& options, const std::shared_ptr<const GptData>& 
 }
 
 int RunMpi(const TrainOptions& options, const std::shared_ptr<const GptData>& data) {
-  absl::StatusOr<std::unique_ptr<TrainGroup>> group =
+  absl::StatusOr<std::unique_ptr<pipeoffload::RankGroup>> group =
       CreateMpiTrainGroup(CollectiveTimeout(options));
   if (!group.ok()) {
     return Fail(absl::StrCat("rank ", LauncherRank()), std::string(group.status().message()),
@@ -178,8 +178,7 @@ int RunMpi(const TrainOptions& options, const std::shared_ptr<const GptData>& da
   }
   if (!transport.ok()) {
     Fail(who, std::string(transport.status().message()), kExitFailed);
-    (*group)->Abort(kExitFailed);
-    return kExitFailed;  // not reached
+    AbortJob(**group, kExitFailed);
   }
   absl::StatusOr<TrainResult> result =
       RunPipelineRank(options, data, **group, **transport, stdout, factory);

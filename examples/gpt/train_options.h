@@ -63,7 +63,7 @@ struct TrainOptions {
   bool poison = false;             // fill released arena memory with NaN (catches misuse)
   bool p2p_reserve_worst = false;  // --p2p-reserve worst: no P2P plan, room for every buffer
   std::string trace_path;          // measured Perfetto trace of the last step
-  // --costs: plan with each stage's measured chunk times and host link (train_calibrate.h)
+  // --costs: plan with each stage's measured chunk times and host link (MeasureStageCosts)
   // instead of nominal units. Default: measured with --backend cuda, nominal on the CPU.
   bool measured_costs = false;
 

@@ -1,13 +1,14 @@
 // One gpt_train pipeline rank (see train_pipeline.h for the phases).
 //
 // Invariants:
-//  - Every rank makes the same sequence of group calls whatever happens: each phase and each
-//    step ends in exactly one AllGather carrying the rank's status, and a rank returns only
-//    after such a gather (so nobody is left waiting) or ends the job through Abort when the
-//    ranks cannot meet. The tied-gradient Exchange happens only after a gather said every
-//    rank's iteration succeeded.
-//  - Every rank compiles the schedule itself from the same inputs (gathered stash sizes,
-//    deterministic cost model); the schedules' fingerprints are compared before any step.
+//  - Every rank makes the same sequence of group calls whatever happens: gpt_train's own
+//    set-up gather, PipelineStage::Open (collective over the group: its phases gather too),
+//    then one gather per step and one at the end, each carrying the rank's status. A rank
+//    returns only after such a gather (so nobody is left waiting) or ends the job through
+//    AbortJob when the ranks cannot meet. The tied-gradient Exchange happens only after a
+//    gather said every rank's iteration succeeded.
+//  - Every rank plans the schedule itself from the same inputs (Open gathers the stash sizes
+//    and measured costs); Open compares the schedules' fingerprints before any step.
 //  - Gradients accumulate inside GptStageModel in the order the executor runs B / W, which
 //    the schedule fixes per chunk in microbatch order: the reason the checksum is the
 //    single-process one.
@@ -22,104 +23,55 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "examples/gpt/train_calibrate.h"
 #include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_report.h"
 #include "examples/gpt/train_wire.h"
 #include "lib/base/status_macros.h"
-#include "pipeoffload/backend.h"
-#include "pipeoffload/memory.h"
-#include "pipeoffload/runtime.h"
+#include "pipeoffload/pipeline.h"
 
 namespace pipeoffload::gpt {
 namespace {
-
-constexpr std::int64_t kArenaAlignment = 256;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Ends the job when the ranks cannot meet to agree on a failure.
-[[noreturn]] void FailUncoordinated(TrainGroup& group, const absl::Status& status) {
+[[noreturn]] void FailUncoordinated(RankGroup& group, const absl::Status& status) {
   std::fprintf(stderr, "gpt_train: rank %d/%d: fatal: %s\n", group.rank(), group.size(),
                std::string(status.message()).c_str());
-  group.Abort(1);
-  std::abort();  // Abort does not return; a virtual call does not tell the compiler so
+  AbortJob(group, 1);
 }
 
-// Gathers every rank's (status, payload) for `phase`. Returns every payload when all ranks
-// succeeded; else an error, the same on every rank, naming each failed rank and its error.
-absl::StatusOr<std::vector<std::string>> GatherChecked(TrainGroup& group, const absl::Status& mine,
-                                                       std::string payload,
-                                                       const std::string& phase) {
-  ByteWriter writer;
-  PutStatus(writer, mine);
-  writer.PutString(payload);
-  absl::StatusOr<std::vector<std::string>> all = group.AllGather(writer.Take());
-  if (!all.ok()) FailUncoordinated(group, Annotate(all.status(), phase));
-  std::vector<std::string> payloads;
-  // Failures grouped by message, in rank order: ranks that fail alike (a bad file, a wrong
-  // stage count) are named together with one message.
-  std::vector<std::pair<std::string, std::vector<int>>> failures;
-  absl::StatusCode first_code = absl::StatusCode::kOk;
-  int failed = 0;
-  for (int r = 0; r < group.size(); ++r) {
-    ByteReader reader((*all)[static_cast<std::size_t>(r)]);
-    absl::Status status;
-    std::string theirs;
-    GetStatus(reader, &status);
-    reader.GetString(&theirs);
-    if (absl::Status read = reader.Finish(phase); !read.ok()) status = read;
-    if (!status.ok()) {
-      if (failed++ == 0) first_code = status.code();
-      const std::string message(status.message());
-      auto same = std::find_if(failures.begin(), failures.end(),
-                               [&](const auto& failure) { return failure.first == message; });
-      if (same == failures.end()) {
-        failures.push_back({message, {r}});
-      } else {
-        same->second.push_back(r);
-      }
-    }
-    payloads.push_back(std::move(theirs));
-  }
-  if (failed == 0) return payloads;
-  const auto ranks = [](const std::vector<int>& list) {
-    return absl::StrCat(list.size() == 1 ? "rank " : "ranks ", absl::StrJoin(list, ", "));
-  };
-  std::string text =
-      absl::StrCat(phase, " failed on ",
-                   failed == group.size() ? std::string("every rank")
-                                          : absl::StrCat(failed, " of ", group.size(), " ranks"));
-  if (failures.size() == 1) {
-    if (failed < group.size()) absl::StrAppend(&text, " (", ranks(failures[0].second), ")");
-    absl::StrAppend(&text, ": ", failures[0].first);
-  } else {
-    text += ":";
-    for (const auto& [message, list] : failures) {
-      absl::StrAppend(&text, "\n  ", ranks(list), ": ", message);
-    }
-  }
-  return absl::Status(first_code, text);
+// AllGatherChecked, ending the job when the ranks cannot meet.
+absl::StatusOr<std::vector<std::string>> Gather(RankGroup& group, const absl::Status& mine,
+                                                const std::string& payload,
+                                                const std::string& phase) {
+  bool group_failed = false;
+  absl::StatusOr<std::vector<std::string>> all =
+      AllGatherChecked(group, mine, payload, phase, &group_failed);
+  if (group_failed) FailUncoordinated(group, all.status());
+  return all;
 }
 
 struct Stage {
   PipelineSpec spec;
   GptConfig config;
   std::unique_ptr<TrainStage> train;  // the model and its backend
-  StageModel* model = nullptr;        // train->model()
   std::optional<Schedule> loaded;     // --schedule-file
-  Schedule schedule;
-  CostModel cost;  // what the schedule was planned with
-  std::unique_ptr<DeviceArena> arena;
-  std::unique_ptr<Executor> executor;
+  std::unique_ptr<PipelineStage> pipeline;
 };
 
-// Phase 1, local: the job's spec, this stage's model, the trace file's writability.
+// Stages that share one device: the local transport's stages are threads on one GPU with
+// --backend cuda (CPU stages run on cores of their own).
+int StagesPerDevice(const TrainOptions& options, const Transport& transport, int num_stages) {
+  return transport.Name() == "local" && options.backend == TrainBackend::kCuda ? num_stages : 1;
+}
+
+// Phase 1, local: the job's spec, this stage's model, the trace file's writability. With
+// --costs measured, the model's first iteration is started, so Open can time its chunks.
 absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptData> data,
-                        const TrainGroup& group, const std::string& transport_name,
+                        const RankGroup& group, const std::string& transport_name,
                         const TrainStageFactory& factory, Stage& stage) {
   std::optional<Schedule> loaded;
   if (!options.schedule_file.empty()) {
@@ -136,7 +88,6 @@ absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptDa
   stage_spec.stage = group.rank();
   stage_spec.data = std::move(data);
   PO_ASSIGN_OR_RETURN(stage.train, factory(options, stage_spec));
-  stage.model = &stage.train->model();
   if (group.rank() == 0 && !options.trace_path.empty()) {
     std::FILE* trace = std::fopen(options.trace_path.c_str(), "w");
     if (trace == nullptr) {
@@ -145,109 +96,45 @@ absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptDa
     }
     std::fclose(trace);
   }
+  if (options.measured_costs) PO_RETURN_IF_ERROR(stage.train->StartIteration(0));
   return absl::OkStatus();
 }
 
-// The largest stash entry of this stage's chunks.
-std::int64_t LargestEntryBytes(const StageModel& model, const PipelineSpec& spec) {
-  std::int64_t largest = 0;
-  for (int c = 0; c < spec.chunks_per_stage; ++c) {
-    largest = std::max(largest, model.SavedBytes(c, spec.split_backward));
+// Phase 2: what PipelineStage::Open is given.
+StageOptions PipelineOptions(const TrainOptions& options, TrainStage& train, Transport& transport,
+                             RankGroup& group, const Stage& stage) {
+  StageOptions out;
+  if (stage.loaded.has_value()) {
+    out.schedule = stage.loaded;
+  } else {
+    out.spec = stage.spec;
   }
-  return largest;
-}
-
-// Stages that share one device: the local transport's stages are threads on one GPU with --backend
-// cuda (CPU stages run on cores of their own).
-int StagesPerDevice(const TrainOptions& options, const Transport& transport, int num_stages) {
-  return transport.Name() == "local" && options.backend == TrainBackend::kCuda ? num_stages : 1;
-}
-
-// Phase 1b, --costs measured: this stage's chunk times and host link. Stages of the local
-// transport share the machine (one GPU, or the CPU's cores), so they measure in turns, each
-// alone; ranks of an MPI job measure at once, each on its own device, so a host link that
-// devices share shows in every figure. Every rank makes the same group calls whatever fails;
-// a failure travels in the next gather.
-void MeasureCosts(TrainGroup& group, const Transport& transport, Stage& stage,
-                  absl::Status& status, StageCosts& costs) {
-  const bool in_turns = transport.Name() == "local";
-  const int turns = in_turns ? group.size() : 1;
-  for (int turn = 0; turn < turns; ++turn) {
-    if (status.ok() && (!in_turns || turn == group.rank())) {
-      absl::StatusOr<StageCosts> measured =
-          MeasureStageCosts(*stage.train, stage.spec, group.rank());
-      if (measured.ok()) {
-        costs = *std::move(measured);
-      } else {
-        status = measured.status();
-      }
-    }
-    if (in_turns) {
-      absl::StatusOr<std::vector<std::string>> synced = group.AllGather("");
-      if (!synced.ok()) FailUncoordinated(group, Annotate(synced.status(), "measuring costs"));
-    }
+  out.backend = &train.backend();
+  out.transport = &transport;
+  out.group = &group;
+  StageCostOptions& costs = out.costs;
+  if (options.measured_costs) {
+    costs.source = CostSource::kMeasured;
+    // Stages of the local transport share the machine (one GPU, or the CPU's cores), so they
+    // measure in turns, each alone; ranks of an MPI job measure at once, each on its own
+    // device, so a host link that devices share shows in every figure.
+    costs.measure_in_turns = transport.Name() == "local";
+    // Stages on one GPU plan with compute x p and the link split p ways (planning.h), at
+    // c = p as gpt_train always has (the one-GPU factor search is pipeline_bench's to judge).
+    const int shared = StagesPerDevice(options, transport, stage.spec.num_stages);
+    costs.plan.shared_gpu.stages_per_device = shared;
+    if (shared > 1) costs.plan.shared_gpu.compute_factor = shared;
+  } else {
+    costs.source = CostSource::kNominal;
+    costs.nominal_chunk_time =
+        ChunkComputeUnits(stage.config.n_layer, stage.spec.num_virtual_stages());
   }
-}
-
-// Phase 2, after the stash sizes (and measured costs) are known everywhere: schedule, backend,
-// arena, executor. `costs` is empty for --costs nominal.
-absl::Status SetUpRuntime(const TrainOptions& options, const std::vector<std::int64_t>& saved,
-                          const std::vector<StageCosts>& costs, TrainGroup& group,
-                          Transport& transport, Stage& stage) {
-  stage.cost =
-      costs.empty()
-          ? TrainCostModel(saved, stage.model->BoundaryBytes(),
-                           ChunkComputeUnits(stage.config.n_layer, stage.spec.num_virtual_stages()))
-          : MeasuredTrainCostModel(saved, stage.model->BoundaryBytes(), costs,
-                                   StagesPerDevice(options, transport, group.size()));
-  PO_ASSIGN_OR_RETURN(stage.schedule, PlanSchedule(stage.spec, stage.loaded, stage.cost,
-                                                   options.memory_budget_share));
-  stage.spec = stage.schedule.spec;  // resolved (group size filled in)
-  const int rank = group.rank();
-  const StageProgram& program = stage.schedule.stages[static_cast<std::size_t>(rank)];
-  const StagePrediction& prediction =
-      stage.schedule.predictions->stages[static_cast<std::size_t>(rank)];
-  // P2P buffer lifetimes over all stages: the arena reserves their peak and the executor holds
-  // to it (it waits for a send once its receiver is known to have posted the receive).
-  // --p2p-reserve worst: neither (room for every P2P buffer of the step, no waits). Over NCCL a
-  // rank's transfers run in posting order on one stream, so a receive the peer has posted may
-  // still wait behind its other transfers: there a send is waited for only once its message is
-  // known to be consumed.
-  const P2PGuarantee guarantee = transport.Name() == "nccl" ? P2PGuarantee::kMessageConsumed
-                                                            : P2PGuarantee::kReceivePosted;
-  const P2PLifetimes* stage_p2p = nullptr;
-  std::vector<P2PLifetimes> p2p;
-  if (!options.p2p_reserve_worst) {
-    absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(stage.schedule, guarantee);
-    if (!analyzed.ok()) return Annotate(analyzed.status(), "the schedule's P2P buffer lifetimes");
-    p2p = *std::move(analyzed);
-    stage_p2p = &p2p[static_cast<std::size_t>(rank)];
-  }
-  DeviceArenaOptions arena_options;
-  arena_options.alignment = kArenaAlignment;
-  arena_options.poison_on_free = options.poison || kPoisonByDefault;
-  arena_options.budget_bytes =
-      options.arena_bytes > 0
-          ? options.arena_bytes
-          : DefaultArenaBytes(program, prediction, stage.model->BoundaryBytes(), kArenaAlignment,
-                              LargestEntryBytes(*stage.model, stage.spec), stage_p2p);
-  PO_ASSIGN_OR_RETURN(stage.arena, DeviceArena::Create(stage.train->backend(), arena_options));
-  ExecutorOptions executor_options;
-  executor_options.wait_timeout_seconds = options.watchdog_seconds;
-  if (stage_p2p != nullptr) executor_options.p2p_guarantee_points = stage_p2p->guarantee_point;
-  absl::StatusOr<std::unique_ptr<Executor>> executor =
-      Executor::Create(stage.spec, program, *stage.model, stage.train->backend(), *stage.arena,
-                       transport, executor_options);
-  if (!executor.ok()) {
-    if (executor.status().code() == absl::StatusCode::kResourceExhausted) {
-      return Annotate(executor.status(),
-                      absl::StrCat("the arena budget of ", arena_options.budget_bytes,
-                                   " bytes (--arena-bytes) is too small for the plan"));
-    }
-    return executor.status();
-  }
-  stage.executor = *std::move(executor);
-  return absl::OkStatus();
+  costs.plan.auto_budget_share = options.memory_budget_share;
+  out.arena.budget_bytes = options.arena_bytes;
+  out.p2p_reserve = options.p2p_reserve_worst ? P2PReserve::kWorstCase : P2PReserve::kPlanned;
+  out.poison_on_free = options.poison || kPoisonByDefault;
+  out.executor.wait_timeout_seconds = options.watchdog_seconds;
+  return out;
 }
 
 // Folds one step's stats of a stage into its summary. Times: the first step pays for cold
@@ -270,13 +157,13 @@ void Accumulate(const IterationStats& stats, std::int64_t step, std::int64_t ste
 }  // namespace
 
 absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
-                                            std::shared_ptr<const GptData> data, TrainGroup& group,
+                                            std::shared_ptr<const GptData> data, RankGroup& group,
                                             Transport& transport, std::FILE* out) {
   return RunPipelineRank(options, std::move(data), group, transport, out, CreateCpuTrainStage);
 }
 
 absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
-                                            std::shared_ptr<const GptData> data, TrainGroup& group,
+                                            std::shared_ptr<const GptData> data, RankGroup& group,
                                             Transport& transport, std::FILE* out,
                                             const TrainStageFactory& factory) {
   const int rank = group.rank();
@@ -300,82 +187,40 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     phase_start = Now();
   };
 
-  // Phase 1: spec and model (and with --costs measured, the stage's costs); then every stage's
-  // stash entry sizes and costs.
+  // Phase 1: spec and model, agreed by every rank.
   absl::Status status =
       SetUpModel(options, std::move(data), group, transport.Name(), factory, stage);
   progress(status.ok() ? "stage model built" : "stage model failed");
-  std::vector<std::int64_t> my_saved;
-  if (status.ok()) {
-    for (int c = 0; c < stage.spec.chunks_per_stage; ++c) {
-      my_saved.push_back(stage.model->SavedBytes(c, stage.spec.split_backward));
-    }
-  }
-  StageCosts my_costs;
-  if (options.measured_costs) {
-    MeasureCosts(group, transport, stage, status, my_costs);
-    progress("chunk times and host link measured");
-  }
-  ByteWriter sizes;
-  sizes.PutVector(my_saved);
-  PutStageCosts(sizes, my_costs);
-  PO_ASSIGN_OR_RETURN(std::vector<std::string> gathered,
-                      GatherChecked(group, status, sizes.Take(), "setup (model)"));
-  const int p = stage.spec.num_stages;
-  std::vector<std::int64_t> saved(static_cast<std::size_t>(p * stage.spec.chunks_per_stage));
-  std::vector<StageCosts> costs;
-  for (int d = 0; d < p; ++d) {
-    ByteReader reader(gathered[static_cast<std::size_t>(d)]);
-    std::vector<std::int64_t> theirs;
-    reader.GetVector(&theirs);
-    StageCosts their_costs;
-    GetStageCosts(reader, &their_costs);
-    PO_RETURN_IF_ERROR(reader.Finish("stash sizes and costs"));
-    if (options.measured_costs) costs.push_back(std::move(their_costs));
-    for (std::size_t c = 0;
-         c < theirs.size() && c < static_cast<std::size_t>(stage.spec.chunks_per_stage); ++c) {
-      saved[c * static_cast<std::size_t>(p) + static_cast<std::size_t>(d)] = theirs[c];
-    }
-  }
+  PO_RETURN_IF_ERROR(Gather(group, status, "", "setup (model)").status());
 
-  // Phase 2: schedule and runtime; every rank must hold the same schedule.
-  status = SetUpRuntime(options, saved, costs, group, transport, stage);
-  ByteWriter agreement;
-  agreement.Put<std::uint64_t>(status.ok() ? ScheduleFingerprint(stage.schedule) : 0);
-  agreement.Put<std::int64_t>(status.ok() ? stage.arena->budget_bytes() : 0);
-  PO_ASSIGN_OR_RETURN(gathered, GatherChecked(group, status, agreement.Take(), "setup (schedule)"));
-  progress("schedule compiled, arenas and executors ready on every rank");
-  std::vector<std::uint64_t> fingerprints(static_cast<std::size_t>(p));
-  std::vector<std::int64_t> budgets(static_cast<std::size_t>(p));
-  for (int d = 0; d < p; ++d) {
-    ByteReader reader(gathered[static_cast<std::size_t>(d)]);
-    reader.Get(&fingerprints[static_cast<std::size_t>(d)]);
-    reader.Get(&budgets[static_cast<std::size_t>(d)]);
-    PO_RETURN_IF_ERROR(reader.Finish("schedule fingerprint"));
-    if (fingerprints[static_cast<std::size_t>(d)] != fingerprints[0]) {
-      return absl::InternalError(
-          absl::StrCat("rank ", d,
-                       " compiled a different schedule than rank 0 from the same inputs (a "
-                       "nondeterminism bug in the compiler)"));
-    }
-  }
+  // Phase 2: the pipeline stage (costs, schedule, arena, executor), agreed by every rank.
+  absl::StatusOr<std::unique_ptr<PipelineStage>> opened = PipelineStage::Open(
+      PipelineOptions(options, *stage.train, transport, group, stage), stage.train->model());
+  PO_RETURN_IF_ERROR(opened.status());
+  stage.pipeline = *std::move(opened);
+  progress(options.measured_costs
+               ? "chunk times and host link measured, schedule compiled, arenas and executors "
+                 "ready on every rank"
+               : "schedule compiled, arenas and executors ready on every rank");
+  const Schedule& schedule = stage.pipeline->schedule();
+  const int p = schedule.spec.num_stages;
+  const std::vector<StageCosts>& costs = stage.pipeline->measured_costs();
   TrainResult result;
-  result.schedule = stage.schedule;
+  result.schedule = schedule;
   result.measured_costs = costs;
   result.stages.resize(static_cast<std::size_t>(p));
   for (int d = 0; d < p; ++d) {
-    const StagePrediction& predicted =
-        stage.schedule.predictions->stages[static_cast<std::size_t>(d)];
+    const StagePrediction& predicted = schedule.predictions->stages[static_cast<std::size_t>(d)];
     StageSummary& summary = result.stages[static_cast<std::size_t>(d)];
     summary.stage = d;
     summary.predicted_stash_peak_bytes = predicted.peak_bytes;
     summary.predicted_host_bytes = predicted.host_bytes;
     summary.predicted_offloaded_bytes = predicted.offloaded_bytes;
-    summary.arena_budget_bytes = budgets[static_cast<std::size_t>(d)];
+    summary.arena_budget_bytes = stage.pipeline->arena_budgets()[static_cast<std::size_t>(d)];
   }
   if (print != nullptr) {
     PrintDataAndModel(print, *corpus, stage.config);
-    PrintPlan(print, stage.schedule, transport.Name(), !costs.empty());
+    PrintPlan(print, schedule, transport.Name(), !costs.empty());
     if (!costs.empty()) {
       std::fprintf(print, "%s\n",
                    DescribeCosts(costs, StagesPerDevice(options, transport, p)).c_str());
@@ -395,19 +240,11 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     const double start = Now();
     StepReport report;
     const absl::Status started = stage.train->StartIteration(step);
+    // Run returns once the step's device work has finished, the arena empty.
     absl::StatusOr<IterationStats> stats =
-        started.ok() ? stage.executor->Run() : absl::StatusOr<IterationStats>(started);
+        started.ok() ? stage.pipeline->Run() : absl::StatusOr<IterationStats>(started);
     if (stats.ok()) {
       report.stats = *std::move(stats);
-      report.status = stage.train->FinishIteration(options.watchdog_seconds);
-      // The executor empties the stash, host pool and P2P buffers; the arena must agree.
-      if (report.status.ok() && stage.arena->reserved_bytes() != 0) {
-        report.status = absl::InternalError(
-            absl::StrCat("stage ", rank, ": the arena still holds ", stage.arena->reserved_bytes(),
-                         " bytes after the iteration (stash ",
-                         stage.arena->Usage(MemoryCategory::kStash).in_use_bytes, ", p2p ",
-                         stage.arena->Usage(MemoryCategory::kP2P).in_use_bytes, ")"));
-      }
     } else {
       report.status = stats.status();
     }
@@ -420,9 +257,9 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
       }
     }
     const bool with_timeline = trace && step == options.steps - 1;
-    PO_ASSIGN_OR_RETURN(gathered,
-                        GatherChecked(group, report.status, EncodeStepReport(report, with_timeline),
-                                      absl::StrCat("step ", step)));
+    PO_ASSIGN_OR_RETURN(const std::vector<std::string> gathered,
+                        Gather(group, report.status, EncodeStepReport(report, with_timeline),
+                               absl::StrCat("step ", step)));
     std::vector<double> losses;
     for (int d = 0; d < p; ++d) {
       PO_ASSIGN_OR_RETURN(StepReport theirs,
@@ -457,7 +294,8 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
                              stage.train->ModelStateBytes()));
   end.Put<double>(optimizer_seconds);
   end.PutString(stage.train->Describe());
-  PO_ASSIGN_OR_RETURN(gathered, GatherChecked(group, my_hashes.status(), end.Take(), "checksum"));
+  PO_ASSIGN_OR_RETURN(const std::vector<std::string> gathered,
+                      Gather(group, my_hashes.status(), end.Take(), "checksum"));
   std::vector<TensorHash> hashes;
   for (int d = 0; d < p; ++d) {
     ByteReader reader(gathered[static_cast<std::size_t>(d)]);
@@ -483,11 +321,12 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     PrintChecksum(print, result.checksum);
   }
   if (trace && !last_stats.empty()) {
-    PO_ASSIGN_OR_RETURN(result.links, MeasureLinks(stage.cost, last_stats));
+    PO_ASSIGN_OR_RETURN(result.links,
+                        MeasureLinks(stage.pipeline->plan().planned_with, last_stats));
     if (print != nullptr) PrintLinkReport(print, *result.links);
   }
   if (rank == 0 && trace && !last_stats.empty()) {
-    PO_RETURN_IF_ERROR(WriteTraceFile(options.trace_path, stage.schedule, last_stats));
+    PO_RETURN_IF_ERROR(WriteTraceFile(options.trace_path, schedule, last_stats));
     if (print != nullptr) std::fprintf(print, "trace: %s\n", options.trace_path.c_str());
   }
   return result;

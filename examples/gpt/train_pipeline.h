@@ -1,16 +1,17 @@
-// gpt_train's drivers: one pipeline rank (its stage of the GPT under the runtime's Executor),
-// and the single-process reference. Both print the same per-step lines and the same checksum,
-// so runs compare from the command line.
+// gpt_train's drivers: one pipeline rank (its stage of the GPT under a PipelineStage,
+// pipeoffload/pipeline.h), and the single-process reference. Both print the same per-step
+// lines and the same checksum, so runs compare from the command line.
 //
-// A pipeline rank, per DESIGN.md section 5 and the GptStageModel protocol:
+// A pipeline rank, per DESIGN.md section 5.1 and the GptStageModel protocol:
 //   setup   - the job's spec (flags or --schedule-file), this stage's model and backend (a
-//             TrainStage from the factory: CPU, or CUDA with --backend cuda), every stage's
-//             exact stash entry sizes (gathered), the cost model, the schedule (every rank
-//             compiles it; fingerprints are compared), the arena and executor. Each phase
-//             ends with every rank's status gathered, so a failure anywhere (wrong stage count,
-//             corrupted file, budget too small) is reported by every rank and all stop.
-//   step s  - StartIteration(s); Executor::Run; FinishIteration (the device drained); gather
-//             status, losses and stats; the tied embedding gradient between stages 0 and p-1;
+//             TrainStage from the factory: CPU, or CUDA with --backend cuda), agreed by every
+//             rank; then PipelineStage::Open over the rank group: every stage's exact stash
+//             sizes and (--costs measured) measured costs, the schedule every rank plans and
+//             compares, the arena and executor. Each phase ends with every rank's status
+//             gathered, so a failure anywhere (wrong stage count, corrupted file, budget too
+//             small) is reported by every rank and all stop.
+//   step s  - StartIteration(s); PipelineStage::Run (the device drained); gather status,
+//             losses and stats; the tied embedding gradient between stages 0 and p-1;
 //             OptimizerStep.
 //   end     - gather parameter hashes -> CombineTensorHashes; per-stage memory report; trace.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_PIPELINE_H_
@@ -28,8 +29,8 @@
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_links.h"
 #include "examples/gpt/train_options.h"
-#include "examples/gpt/train_plan.h"
 #include "examples/gpt/train_stage.h"
+#include "pipeoffload/calibrate.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/transport.h"
 
@@ -72,17 +73,17 @@ struct TrainResult {
 // Errors: every rank returns an error when any rank fails; its message names the failing
 // rank(s) and their errors (setup: bad spec, stage count, schedule file, budget; a step: the
 // executor's error, e.g. the watchdog's). If the ranks cannot even meet to agree on a failure
-// (a collective times out), the rank prints its error to stderr and ends the job
-// (TrainGroup::Abort).
+// (a collective times out), the rank prints its error to stderr and ends the job (AbortJob);
+// inside PipelineStage::Open such a failure is returned instead.
 [[nodiscard]] absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
                                                           std::shared_ptr<const GptData> data,
-                                                          TrainGroup& group, Transport& transport,
+                                                          RankGroup& group, Transport& transport,
                                                           std::FILE* out);
 // As above, with each rank's stage built by `factory` (RunPipelineRank above uses
 // CreateCpuTrainStage): how gpt_train runs the CUDA GPT through the same driver.
 [[nodiscard]] absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
                                                           std::shared_ptr<const GptData> data,
-                                                          TrainGroup& group, Transport& transport,
+                                                          RankGroup& group, Transport& transport,
                                                           std::FILE* out,
                                                           const TrainStageFactory& factory);
 

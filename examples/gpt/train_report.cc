@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "pipeoffload/trace.h"
 
 namespace pipeoffload::gpt {
@@ -137,6 +138,24 @@ absl::Status WriteTraceFile(const std::string& path, const Schedule& schedule,
         absl::StrCat("cannot write trace file ", path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+std::string DescribeCosts(const std::vector<StageCosts>& stages, int stages_per_device) {
+  std::string text = "costs: measured, per stage F / B ms (mean over its chunks):";
+  for (std::size_t d = 0; d < stages.size(); ++d) {
+    const ChunkTimes mean = MeanChunkTimes(stages[d]);
+    absl::StrAppendFormat(&text, "%s %.2f / %.2f", d == 0 ? "" : ",", 1e3 * mean.forward,
+                          1e3 * mean.backward);
+  }
+  const LinkFigures link = SlowestLink(stages);
+  absl::StrAppendFormat(&text, "; host link (slowest stage) D2H %.1f, H2D %.1f, duplex %.1f GB/s",
+                        link.d2h / 1e9, link.h2d / 1e9, link.duplex / 1e9);
+  if (stages_per_device > 1) {
+    absl::StrAppend(&text, "; the ", stages_per_device,
+                    " stages share one device: planned with compute x", stages_per_device,
+                    " and the link split ", stages_per_device, " ways");
+  }
+  return text;
 }
 
 }  // namespace pipeoffload::gpt

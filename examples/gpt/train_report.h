@@ -13,6 +13,7 @@
 #include "examples/gpt/gpt_config.h"
 #include "examples/gpt/gpt_data.h"
 #include "examples/gpt/train_pipeline.h"
+#include "pipeoffload/calibrate.h"
 #include "pipeoffload/runtime.h"
 #include "pipeoffload/schedule.h"
 
@@ -39,6 +40,12 @@ void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds,
 // stage that has a description (where its model and optimizer state live, optimizer time), the
 // peak verdict and the mean step time after the first step.
 void PrintStageTable(std::FILE* out, const TrainResult& result);
+// One line: "costs: measured, per stage F / B ms (mean over its chunks): 12.10 / 25.31, ...;
+// host link (slowest stage) D2H 54.1, H2D 52.0, duplex 46.2 GB/s", and with
+// stages_per_device > 1 how the plan shares the device.
+// REQUIRES: stages not empty, each with chunks.
+std::string DescribeCosts(const std::vector<StageCosts>& stages, int stages_per_device);
+
 // "checksum 0x%016llx".
 void PrintChecksum(std::FILE* out, std::uint64_t checksum);
 

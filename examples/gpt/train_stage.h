@@ -6,8 +6,10 @@
 // examples/gpt/train_cuda/train_stage_cuda.h), so the phases, collectives and reports of
 // train_pipeline.cc exist once.
 //
-// Per step the driver calls: StartIteration(s); Executor::Run; FinishIteration; Losses (on the
-// stage that holds them); after every rank's step succeeded, ExchangeTiedGrad and OptimizerStep.
+// Per step the driver calls: StartIteration(s); PipelineStage::Run (which returns once the
+// step's device work has finished); Losses (on the stage that holds them); after every rank's
+// step succeeded, ExchangeTiedGrad and OptimizerStep. With --costs measured, StartIteration(0)
+// also comes before PipelineStage::Open, which runs the chunks to time them.
 // At the end: ParameterHashes, ModelStateBytes, Describe.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_STAGE_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_STAGE_H_
@@ -36,22 +38,18 @@ class TrainStage {
   virtual ~TrainStage() = default;
 
   virtual StageModel& model() = 0;
-  // The backend the model runs on (the executor's and the arena's).
+  // The backend the model runs on (the pipeline stage's: its executor's and its arena's).
   virtual Backend& backend() = 0;
 
   // Prepares step `step` (gradients zeroed, the step's microbatches staged).
   [[nodiscard]] virtual absl::Status StartIteration(std::int64_t step) = 0;
-  // After Executor::Run returned: blocks until the step's work has finished on the device
-  // (a CUDA executor returns once its work is enqueued). Errors: DeadlineExceeded past
-  // `timeout_seconds`; the device's errors.
-  [[nodiscard]] virtual absl::Status FinishIteration(double timeout_seconds) = 0;
   // Whether this stage computes the loss (holds the last virtual stage).
   virtual bool holds_loss() const = 0;
   // The mean loss of each microbatch of this step. Only called when holds_loss().
   [[nodiscard]] virtual absl::StatusOr<std::vector<double>> Losses() = 0;
   // The tied embedding's gradient between stages 0 and p-1 over `group`, when this stage needs
   // it (CPU only: the CUDA GPT refuses tied embeddings at creation). OK when there is none.
-  [[nodiscard]] virtual absl::Status ExchangeTiedGrad(TrainGroup& group) = 0;
+  [[nodiscard]] virtual absl::Status ExchangeTiedGrad(RankGroup& group) = 0;
   // One AdamW step over this stage's parameters (on the GPU, or in an optimizer-offload engine).
   [[nodiscard]] virtual absl::Status OptimizerStep() = 0;
   // Seconds the last OptimizerStep took on this thread (the update, including any transfers).

@@ -24,16 +24,11 @@ class CpuTrainStage final : public TrainStage {
     model_->StartIteration(step);
     return absl::OkStatus();
   }
-  // The CPU executor runs compute on the calling thread; its copy queues may still be busy
-  // only if the iteration failed, and then the driver stops anyway.
-  absl::Status FinishIteration(double timeout_seconds) override {
-    return backend_->Synchronize(timeout_seconds);
-  }
   bool holds_loss() const override { return model_->holds_loss(); }
   absl::StatusOr<std::vector<double>> Losses() override { return model_->losses(); }
 
   // GptStageModel protocol step 3: stages 0 and p-1 swap their parts of wte's gradient.
-  absl::Status ExchangeTiedGrad(TrainGroup& group) override {
+  absl::Status ExchangeTiedGrad(RankGroup& group) override {
     if (!model_->NeedsTiedGradExchange()) return absl::OkStatus();
     const int peer = group.rank() == 0 ? group.size() - 1 : 0;
     const std::int64_t n = model_->TiedGradElements();

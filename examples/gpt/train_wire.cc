@@ -1,35 +1,11 @@
 // Encoding of what gpt_train's ranks exchange (see train_wire.h).
 #include "examples/gpt/train_wire.h"
 
-#include "absl/strings/str_cat.h"
-
 namespace pipeoffload::gpt {
-
-absl::Status ByteReader::Finish(std::string_view what) const {
-  if (!ok_ || pos_ != bytes_.size()) {
-    return absl::DataLossError(
-        absl::StrCat("malformed ", std::string(what), " message from a rank (", bytes_.size(),
-                     " bytes, read ", pos_, ok_ ? "; bytes left over)" : "; ran short)"));
-  }
-  return absl::OkStatus();
-}
-
-void PutStatus(ByteWriter& writer, const absl::Status& status) {
-  writer.Put<std::int32_t>(static_cast<std::int32_t>(status.code()));
-  writer.PutString(std::string(status.message()));
-}
-
-bool GetStatus(ByteReader& reader, absl::Status* status) {
-  std::int32_t code = 0;
-  std::string message;
-  if (!reader.Get(&code) || !reader.GetString(&message)) return false;
-  *status = absl::Status(static_cast<absl::StatusCode>(code), message);
-  return true;
-}
 
 std::string EncodeStepReport(const StepReport& report, bool with_timeline) {
   ByteWriter w;
-  PutStatus(w, report.status);
+  w.PutStatus(report.status);
   w.PutVector(report.losses);
   const IterationStats& s = report.stats;
   w.Put(s.stage);
@@ -55,7 +31,7 @@ absl::StatusOr<StepReport> DecodeStepReport(std::string_view bytes) {
   ByteReader r(bytes);
   StepReport report;
   IterationStats& s = report.stats;
-  GetStatus(r, &report.status);
+  r.GetStatus(&report.status);
   r.GetVector(&report.losses);
   r.Get(&s.stage);
   r.Get(&s.start_time);

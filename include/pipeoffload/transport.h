@@ -117,6 +117,14 @@ struct LocalTransportOptions {
 // backend, and the CUDA backend for device memory of its GPU: see CudaDeviceCopier in cuda.h).
 LocalCopyFunction BackendComputeCopier(Backend& backend, double timeout_seconds);
 
+// Local transports for stages as threads of one process, rank r on backends[r] (e.g. p CUDA
+// backends of one GPU, each with its own streams): rank r's receives copy on its own backend's
+// compute queue (BackendComputeCopier with `timeout_seconds`), so buffers may be device memory
+// the host cannot touch. The backends must outlive the transports.
+// Errors: InvalidArgument for no backends, a null one, or a non-positive timeout.
+[[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateLocalTransports(
+    const std::vector<Backend*>& backends, double timeout_seconds);
+
 // MPI transport (target pipeoffload::transport_mpi, built when MPI is found). Host buffers only
 // (Open MPI 4.1 here is not CUDA-aware).
 struct MpiTransportOptions {

@@ -359,4 +359,21 @@ LocalCopyFunction BackendComputeCopier(Backend& backend, double timeout_seconds)
   };
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateLocalTransports(
+    const std::vector<Backend*>& backends, double timeout_seconds) {
+  if (backends.empty() || !(timeout_seconds > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local transport: need at least one backend and a positive timeout, got ",
+                     backends.size(), " and ", timeout_seconds));
+  }
+  LocalTransportOptions options;
+  for (std::size_t r = 0; r < backends.size(); ++r) {
+    if (backends[r] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("local transport: backends[", r, "] is null"));
+    }
+    options.receive_copiers.push_back(BackendComputeCopier(*backends[r], timeout_seconds));
+  }
+  return CreateLocalTransports(static_cast<int>(backends.size()), options);
+}
+
 }  // namespace pipeoffload

@@ -52,7 +52,7 @@ struct LocalRun {
 
 // Runs every stage of the pipeline on its own thread, as `gpt_train --transport local` does.
 LocalRun RunLocal(const TrainOptions& options, int stages) {
-  auto groups = CreateLocalTrainGroups(stages, 3 * options.watchdog_seconds + 30);
+  auto groups = CreateLocalRankGroups(stages, 3 * options.watchdog_seconds + 30);
   REQUIRE(groups.ok());
   auto transports = CreateLocalTransports(stages);
   REQUIRE(transports.ok());
@@ -286,8 +286,8 @@ TEST_CASE("a budget below the plan's stash peak stops every rank before the firs
     for (int d = 0; d < 4; ++d) {
       // Each stage's own numbers.
       CHECK(message.find("rank " + std::to_string(d) +
-                         ": the arena budget of 16384 bytes (--arena-bytes) is too small for "
-                         "the plan: executor: stage " +
+                         ": the arena budget of 16384 bytes is too small for the plan: "
+                         "executor: stage " +
                          std::to_string(d) + ": the program's activation stash peaks at") !=
             std::string::npos);
     }
@@ -335,7 +335,7 @@ TEST_CASE("a step that fails on one rank stops every rank within the watchdog",
   CAPTURE(refused);
   CHECK(refused.find("setup (schedule) failed on") == 0);
   CHECK(refused.find("rank 0: the arena budget of " + std::to_string(budget) +
-                     " bytes (--arena-bytes) is too small for the plan") != std::string::npos);
+                     " bytes is too small for the plan") != std::string::npos);
   CHECK(refused.find("plus its P2P plan's peak of") != std::string::npos);
 }
 

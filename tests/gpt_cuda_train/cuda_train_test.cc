@@ -56,8 +56,8 @@ TrainOptions Options(const std::string& offload) {
 
 TrainResult Train(const TrainOptions& options) {
   auto data = std::make_shared<const GptData>(GptData::Synthetic());
-  absl::StatusOr<std::vector<std::unique_ptr<TrainGroup>>> groups =
-      CreateLocalTrainGroups(kStages, 3 * options.watchdog_seconds + 30);
+  absl::StatusOr<std::vector<std::unique_ptr<RankGroup>>> groups =
+      CreateLocalRankGroups(kStages, 3 * options.watchdog_seconds + 30);
   REQUIRE(groups.ok());
   absl::StatusOr<CudaLocalRig> rig = CreateCudaLocalRig(kStages, options.watchdog_seconds);
   INFO(rig.status().ToString());

@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "examples/gpt/train_cuda/train_stage_cuda.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/cuda.h"
@@ -74,49 +74,21 @@ absl::StatusOr<CudaLocalRig> CreateCudaLocalRig(int num_stages, double timeout_s
     return absl::InvalidArgumentError(absl::StrCat("need at least one stage, got ", num_stages));
   }
   CudaLocalRig rig;
-  LocalTransportOptions transport_options;
+  std::vector<Backend*> backends;
   for (int d = 0; d < num_stages; ++d) {
     CudaBackendOptions backend_options;
     backend_options.device = 0;  // every stage on one GPU, each with its own streams
     PO_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(backend_options));
-    PO_ASSIGN_OR_RETURN(LocalCopyFunction copier, CudaDeviceCopier(*backend, timeout_seconds));
-    transport_options.receive_copiers.push_back(std::move(copier));
+    backends.push_back(backend.get());
     rig.backends.push_back(std::move(backend));
   }
-  PO_ASSIGN_OR_RETURN(rig.transports, CreateLocalTransports(num_stages, transport_options));
+  PO_ASSIGN_OR_RETURN(rig.transports, CreateLocalTransports(backends, timeout_seconds));
   return rig;
 }
 
-absl::StatusOr<CudaMpiRank> CreateCudaMpiRank(TrainGroup& group, const TrainOptions& options) {
+absl::StatusOr<CudaMpiRank> CreateCudaMpiRank(RankGroup& group, const TrainOptions& options) {
   // Agree before NCCL: a rank without a GPU would leave the others waiting in its bootstrap.
-  const absl::Status mine = CheckOwnGpu();
-  PO_ASSIGN_OR_RETURN(const std::vector<std::string> all,
-                      group.AllGather(mine.ok() ? "" : std::string(mine.message())));
-  // Ranks that fail alike are named together with one message.
-  std::vector<std::pair<std::string, std::vector<int>>> failures;
-  int failed = 0;
-  for (int r = 0; r < group.size(); ++r) {
-    const std::string& message = all[static_cast<std::size_t>(r)];
-    if (message.empty()) continue;
-    ++failed;
-    auto same = std::find_if(failures.begin(), failures.end(),
-                             [&](const auto& failure) { return failure.first == message; });
-    if (same == failures.end()) {
-      failures.push_back({message, {r}});
-    } else {
-      same->second.push_back(r);
-    }
-  }
-  if (failed > 0) {
-    std::string text =
-        absl::StrCat(failed, " of ", group.size(), " ranks cannot have a GPU of their own");
-    for (const auto& [message, ranks] : failures) {
-      absl::StrAppend(&text, failures.size() == 1 ? " (" : "\n  (",
-                      ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "),
-                      "): ", message);
-    }
-    return absl::FailedPreconditionError(text);
-  }
+  PO_RETURN_IF_ERROR(AllGatherChecked(group, CheckOwnGpu(), "", "setup (GPUs)").status());
 #ifdef PO_GPT_TRAIN_WITH_NCCL
   NcclTransportOptions nccl;
   nccl.device = -1;  // the local rank's GPU

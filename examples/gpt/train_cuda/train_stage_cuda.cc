@@ -136,12 +136,9 @@ class CudaTrainStage final : public TrainStage {
   Backend& backend() override { return backend_; }
 
   absl::Status StartIteration(std::int64_t step) override { return model_->StartIteration(step); }
-  absl::Status FinishIteration(double timeout_seconds) override {
-    return backend_.Synchronize(timeout_seconds);
-  }
   bool holds_loss() const override { return model_->holds_loss(); }
   absl::StatusOr<std::vector<double>> Losses() override { return model_->Losses(); }
-  absl::Status ExchangeTiedGrad(TrainGroup&) override { return absl::OkStatus(); }
+  absl::Status ExchangeTiedGrad(RankGroup&) override { return absl::OkStatus(); }
 
   absl::Status OptimizerStep() override {
     const double start = backend_.NowSeconds();

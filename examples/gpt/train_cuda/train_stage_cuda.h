@@ -65,7 +65,8 @@ struct CudaStageMemory {
 
 // The one-GPU layout of --transport local: one CUDA backend per stage on device 0 (each its own
 // streams) and local transports whose receives copy device to device on the receiver's compute
-// stream (CudaDeviceCopier). Errors: CheckCudaDevices's; the backends' and transports'.
+// stream (CreateLocalTransports over the backends). Errors: CheckCudaDevices's; the backends'
+// and transports'.
 struct CudaLocalRig {
   std::vector<std::unique_ptr<Backend>> backends;
   std::vector<std::unique_ptr<Transport>> transports;
@@ -82,7 +83,7 @@ struct CudaMpiRank {
   std::unique_ptr<Transport> transport;  // destroy before the group (it finalizes MPI last)
   std::unique_ptr<Backend> backend;
 };
-[[nodiscard]] absl::StatusOr<CudaMpiRank> CreateCudaMpiRank(TrainGroup& group,
+[[nodiscard]] absl::StatusOr<CudaMpiRank> CreateCudaMpiRank(RankGroup& group,
                                                             const TrainOptions& options);
 
 }  // namespace pipeoffload::gpt
