@@ -20,11 +20,12 @@
 //    finished (it calls Backend::Synchronize), so gradients and losses may be read on the host
 //    and the next iteration's inputs staged right after it. On error too, nothing of the
 //    iteration is left in flight (bounded by wait_timeout_seconds).
-//  - Threads. A PipelineStage is thread-compatible: one thread (the rank's) calls Open, Run and
-//    the accessors. Stages of one process (the local transport) run on threads of their own,
-//    each with its own Backend, Transport endpoint and RankGroup endpoint. Open is collective
-//    over `group` when one is given: every rank must call it (at about the same time; every
-//    wait is bounded by the group's timeout), and they fail together.
+//  - Threads. A PipelineStage is thread-compatible: its calls must not overlap (successive
+//    calls may come from different threads when ordered, e.g. by a join). Stages of one
+//    process (the local transport) run on threads of their own, each with its own Backend,
+//    Transport endpoint and RankGroup endpoint (LocalPipeline below does that). Open is
+//    collective over `group` when one is given: every rank must call it (at about the same
+//    time; every wait is bounded by the group's timeout), and they fail together.
 //  - Lifetimes. `model`, and the backend, transport and group given in the options, must
 //    outlive the stage. The stage owns what it creates (a CPU backend, a one-rank transport, the
 //    arena and executor); its destructor drains the backend first.
@@ -177,6 +178,36 @@ class PipelineStage {
   virtual Backend& backend() = 0;
   virtual Transport& transport() = 0;
   virtual const HostPool& host_pool() const = 0;
+};
+
+// Every stage of a pipeline in this process, each on a thread of its own (tests, benchmarks,
+// one GPU shared by the stages): one PipelineStage per stage over the local transport (copying
+// on the receivers' compute queues when backends are given, so buffers may be device memory)
+// and a local rank group. Thread-compatible, like the stages it drives.
+class LocalPipeline {
+ public:
+  // Opens stage d for models[d] on backends[d] (no backends: each stage a CPU backend of its
+  // own), all with `options`, whose backend, transport and group must be left null (they are
+  // set here). The models and backends must outlive the pipeline. Errors: InvalidArgument for
+  // no models, backends of another count, or a backend, transport or group in `options`;
+  // otherwise Open's, the same on every stage.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LocalPipeline>> Open(
+      const StageOptions& options, const std::vector<StageModel*>& models,
+      const std::vector<Backend*>& backends = {});
+  ~LocalPipeline();
+
+  // One iteration: every stage's Run on a thread of its own; stats[d] is stage d's. Returns
+  // once every stage's device work has finished. Errors: the lowest failing stage's.
+  [[nodiscard]] absl::StatusOr<std::vector<IterationStats>> Run();
+
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  PipelineStage& stage(int d) { return *stages_[static_cast<std::size_t>(d)]; }
+
+ private:
+  LocalPipeline() = default;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<RankGroup>> groups_;
+  std::vector<std::unique_ptr<PipelineStage>> stages_;  // destroyed first
 };
 
 }  // namespace pipeoffload

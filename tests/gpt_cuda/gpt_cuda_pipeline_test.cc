@@ -1,5 +1,5 @@
 // The CUDA GPT as a pipeline on one GPU (stages as threads, local transport over device memory,
-// one CUDA backend, arena and executor per stage: examples/gpt/cuda/one_gpu_pipeline.h):
+// one CUDA backend and PipelineStage per stage: LocalPipeline, pipeoffload/pipeline.h):
 //  - po-f activation offload vs no offload: every parameter bitwise equal after two training
 //    steps, and the losses too (offload moves bytes, never changes them);
 //  - the executor's measured stash peak on every stage equals the compiler's prediction, and
@@ -18,10 +18,9 @@
 
 #include "examples/gpt/cuda/gpt_cuda_stage_model.h"
 #include "examples/gpt/cuda/gpt_layer_stack.h"
-#include "examples/gpt/cuda/one_gpu_pipeline.h"
 #include "examples/gpt/gpt_data.h"
 #include "pipeoffload/compiler.h"
-#include "pipeoffload/cost_model.h"
+#include "pipeoffload/pipeline.h"
 #include "tests/gpt_cuda/gpt_cuda_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/catch.h"
@@ -45,32 +44,16 @@ GptConfig PipelineConfig() {
   return config;
 }
 
-// Nominal costs (a chunk's F, B and W take one unit; an entry crosses the host link in a
-// quarter of one) and the models' exact bytes, so the predicted stash peaks are exact.
-template <typename Model>
-CostModel PipelineCost(const std::vector<std::unique_ptr<Model>>& models,
-                       const PipelineSpec& spec) {
-  CostModel cost;
-  cost.forward_time = cost.backward_time = cost.weight_time = 1.0;
-  const int p = spec.num_stages;
-  cost.activation_bytes_per_virtual_stage.assign(
-      static_cast<std::size_t>(p * spec.chunks_per_stage), 0);
-  for (int d = 0; d < p; ++d) {
-    for (int c = 0; c < spec.chunks_per_stage; ++c) {
-      cost.activation_bytes_per_virtual_stage[static_cast<std::size_t>(c * p + d)] =
-          models[static_cast<std::size_t>(d)]->SavedBytes(c, spec.split_backward);
-    }
-  }
-  cost.activation_bytes = 0;
-  for (std::int64_t bytes : cost.activation_bytes_per_virtual_stage) {
-    cost.activation_bytes = std::max(cost.activation_bytes, bytes);
-  }
-  cost.boundary_bytes = models[0]->BoundaryBytes();
-  const double bandwidth = static_cast<double>(cost.activation_bytes) / 0.25;
-  cost.d2h_bandwidth = cost.h2d_bandwidth = cost.duplex_bandwidth = bandwidth;
-  cost.p2p_bandwidth = static_cast<double>(cost.boundary_bytes) / 0.1;
-  cost.p2p_latency = 0.0;
-  return cost;
+// What every stage of these rigs is opened with: `spec` compiled on nominal costs (a chunk's F,
+// B and W take one unit; an entry crosses the host link in a quarter of one) and the models'
+// exact bytes, so the predicted stash peaks are exact; released arena blocks poisoned.
+StageOptions OneGpuOptions(const PipelineSpec& spec) {
+  StageOptions options;
+  options.spec = spec;
+  options.costs.source = CostSource::kNominal;
+  options.poison_on_free = true;
+  options.executor.wait_timeout_seconds = 120.0;
+  return options;
 }
 
 struct RunResult {
@@ -101,14 +84,14 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
   spec.chunks_per_stage = chunks;
   spec.split_backward = split;
   spec.offload = policy;
-  const Schedule schedule = ValueOrFail(Compile(spec, PipelineCost(models, spec)));
   std::vector<Backend*> backend_ptrs;
   std::vector<StageModel*> model_ptrs;
   for (int d = 0; d < num_stages; ++d) {
     backend_ptrs.push_back(backends[static_cast<std::size_t>(d)].get());
     model_ptrs.push_back(models[static_cast<std::size_t>(d)].get());
   }
-  auto rig = ValueOrFail(OneGpuPipeline::Create(schedule, backend_ptrs, model_ptrs));
+  auto rig = ValueOrFail(LocalPipeline::Open(OneGpuOptions(spec), model_ptrs, backend_ptrs));
+  const Schedule schedule = rig->stage(0).schedule();
   RunResult result;
   result.measured_peak.assign(num_stages, 0);
   result.offloaded.assign(num_stages, 0);
@@ -117,7 +100,7 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
   }
   for (int step = 0; step < kSteps; ++step) {
     for (auto& model : models) PO_MODEL_TEST_OK(model->StartIteration(step));
-    const std::vector<IterationStats> stats = ValueOrFail(rig->RunStep());
+    const std::vector<IterationStats> stats = ValueOrFail(rig->Run());
     for (const IterationStats& stage : stats) {
       auto& peak = result.measured_peak[static_cast<std::size_t>(stage.stage)];
       peak = std::max(peak, stage.stash_high_water_bytes);
@@ -258,16 +241,16 @@ TEST_CASE("The benchmark's layer stack runs under the executor, with and without
     spec.num_stages = p;
     spec.num_microbatches = 2 * p;
     spec.offload = policy;
-    const Schedule schedule = ValueOrFail(Compile(spec, PipelineCost(models, spec)));
     std::vector<Backend*> backend_ptrs;
     std::vector<StageModel*> model_ptrs;
     for (int d = 0; d < p; ++d) {
       backend_ptrs.push_back(backends[static_cast<std::size_t>(d)].get());
       model_ptrs.push_back(models[static_cast<std::size_t>(d)].get());
     }
-    auto rig = ValueOrFail(OneGpuPipeline::Create(schedule, backend_ptrs, model_ptrs));
+    auto rig = ValueOrFail(LocalPipeline::Open(OneGpuOptions(spec), model_ptrs, backend_ptrs));
+    const Schedule schedule = rig->stage(0).schedule();
     for (int step = 0; step < 2; ++step) {
-      const std::vector<IterationStats> stats = ValueOrFail(rig->RunStep());
+      const std::vector<IterationStats> stats = ValueOrFail(rig->Run());
       for (const IterationStats& stage : stats) {
         INFO(OffloadPolicyName(policy) << " step " << step << " stage " << stage.stage);
         CHECK(stage.stash_high_water_bytes ==

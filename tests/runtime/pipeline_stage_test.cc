@@ -438,5 +438,48 @@ TEST_CASE("bad options and disagreeing ranks fail Open with the reason",
   }
 }
 
+TEST_CASE("LocalPipeline opens and runs every stage of this process on threads of its own",
+          "[runtime][pipeline]") {
+  const PipelineSpec spec = Spec(Family::kGroupInterleaved, 2, 4, 2, OffloadPolicy::kFull);
+  std::vector<std::unique_ptr<RecordingModel>> models;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<StageModel*> model_ptrs;
+  std::vector<Backend*> backend_ptrs;
+  for (int d = 0; d < 2; ++d) {
+    models.push_back(std::make_unique<RecordingModel>(Config(spec), d));
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+    REQUIRE(backend.ok());
+    backends.push_back(*std::move(backend));
+    model_ptrs.push_back(models.back().get());
+    backend_ptrs.push_back(backends.back().get());
+  }
+  // Stages on backends of the caller's: messages are copied on each receiver's compute queue.
+  absl::StatusOr<std::unique_ptr<LocalPipeline>> pipeline =
+      LocalPipeline::Open(Options(spec), model_ptrs, backend_ptrs);
+  INFO(pipeline.status().ToString());
+  REQUIRE(pipeline.ok());
+  REQUIRE((*pipeline)->num_stages() == 2);
+  for (int it = 0; it < 2; ++it) {
+    absl::StatusOr<std::vector<IterationStats>> stats = (*pipeline)->Run();
+    REQUIRE(stats.ok());
+    for (int d = 0; d < 2; ++d) {
+      const PipelineStage& stage = (*pipeline)->stage(d);
+      CHECK(&(*pipeline)->stage(d).backend() == backend_ptrs[static_cast<std::size_t>(d)]);
+      CHECK((*stats)[static_cast<std::size_t>(d)].stash_high_water_bytes ==
+            stage.schedule().predictions->stages[static_cast<std::size_t>(d)].peak_bytes);
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    CHECK(models[static_cast<std::size_t>(d)]->calls() ==
+          ComputeOps((*pipeline)->stage(d).schedule().stages[static_cast<std::size_t>(d)], 2));
+  }
+  StageOptions with_transport = Options(spec);
+  with_transport.transport = &(*pipeline)->stage(0).transport();
+  CHECK(LocalPipeline::Open(with_transport, model_ptrs).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(LocalPipeline::Open(Options(spec), model_ptrs, {backend_ptrs[0]}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pipeoffload
