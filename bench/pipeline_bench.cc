@@ -1,10 +1,11 @@
 // pipeline_bench: what activation offload costs a real pipeline step on one GPU.
 //
 // p stages run as threads of this process on ONE GPU, each with its own CUDA backend (its own
-// streams), device arena and executor, exchanging device buffers through the local transport
-// with CudaDeviceCopier. Each stage's model is --model=gpt (the CUDA GPT layer stack of
-// examples/gpt/cuda, when this build has it; the default then) or --model=gemm (a GPT layer's
-// four GEMMs, bench/gemm_stage_model.h).
+// streams) and PipelineStage (LocalPipeline, pipeoffload/pipeline.h: arena and executor),
+// exchanging device buffers through the local transport copied on the receivers' streams.
+// Each stage's model is --model=gpt (the CUDA GPT layer stack of examples/gpt/cuda, when this
+// build has it; the default then) or --model=gemm (a GPT layer's four GEMMs,
+// bench/gemm_stage_model.h).
 //
 //   1. The ceilings: the bf16 GEMM rate (cuBLAS 8192^3) and the pinned PCIe bandwidths (D2H,
 //      H2D alone and together; or --pcie-gbs / --duplex-gbs).
@@ -37,7 +38,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,7 +52,7 @@
 #include "lib/base/status_macros.h"
 #include "pipeoffload/calibrate.h"
 #include "pipeoffload/cuda.h"
-#include "pipeoffload/memory.h"
+#include "pipeoffload/pipeline.h"
 #include "pipeoffload/runtime.h"
 #include "pipeoffload/trace.h"
 #if defined(PO_BENCH_WITH_GPT)
@@ -265,27 +265,31 @@ struct StepResult {
   double seconds = 0.0;  // earliest stage start to every GPU queue idle
 };
 
-// Runs one step: every stage's executor on its own thread, then waits for every queue, since a
-// stage's Run returns once its last kernels are enqueued, not done.
-absl::StatusOr<StepResult> RunStep(std::vector<std::unique_ptr<Executor>>& executors,
-                                   std::vector<StageRig>& rigs) {
-  const std::size_t p = executors.size();
-  std::vector<std::optional<absl::StatusOr<IterationStats>>> results(p);
-  std::vector<std::thread> threads;
-  for (std::size_t d = 0; d < p; ++d) {
-    threads.emplace_back([&, d] { results[d] = executors[d]->Run(); });
-  }
-  for (std::thread& thread : threads) thread.join();
+// Runs one step: every stage on its own thread; each stage's Run returns once its GPU work is
+// done, so when all have returned every queue is idle.
+absl::StatusOr<StepResult> RunStep(LocalPipeline& pipeline, Backend& clock) {
   StepResult step;
-  for (std::size_t d = 0; d < p; ++d) {
-    if (!results[d]->ok()) return results[d]->status();
-    step.stats.push_back(std::move(**results[d]));
-  }
-  for (StageRig& rig : rigs) PO_RETURN_IF_ERROR(rig.backend->Synchronize(kWaitTimeoutSeconds));
+  PO_ASSIGN_OR_RETURN(step.stats, pipeline.Run());
   double start = step.stats[0].start_time;
   for (const IterationStats& stage : step.stats) start = std::min(start, stage.start_time);
-  step.seconds = rigs[0].backend->NowSeconds() - start;
+  step.seconds = clock.NowSeconds() - start;
   return step;
+}
+
+// Every stage of `plan` as the bench runs it: the plan's schedule as given, the arenas exactly
+// the programs' need (BenchArenaSizing), no poisoning (no fill kernels on release).
+StageOptions RunOptions(const BenchOptions& options, const PlannedPolicy& plan) {
+  StageOptions stage;
+  stage.schedule = plan.schedule;
+  stage.costs.source = CostSource::kGiven;
+  stage.costs.given = plan.solo;
+  stage.arena = BenchArenaSizing();
+  stage.p2p_reserve = options.p2p_reserve_worst ? P2PReserve::kWorstCase : P2PReserve::kPlanned;
+  stage.poison_on_free = false;
+  stage.executor.wait_timeout_seconds = kWaitTimeoutSeconds;
+  stage.executor.stash.wait_for_copy_at_release = options.release_wait;
+  stage.executor.stash_physical_slack_bytes = options.release_uncapped ? -1 : 0;
+  return stage;
 }
 
 absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPolicy& plan,
@@ -302,15 +306,9 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
   for (const StagePrediction& stage : schedule.predictions->stages) {
     result.predicted_peak.push_back(stage.peak_bytes);
   }
-  LocalTransportOptions transport_options;
-  for (StageRig& rig : rigs) {
-    PO_ASSIGN_OR_RETURN(LocalCopyFunction copier,
-                        CudaDeviceCopier(*rig.backend, kWaitTimeoutSeconds));
-    transport_options.receive_copiers.push_back(std::move(copier));
-  }
-  PO_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Transport>> transports,
-                      CreateLocalTransports(p, transport_options));
-  std::vector<std::unique_ptr<EventTimedModel>> timed;  // outlive the executors
+  std::vector<std::unique_ptr<EventTimedModel>> timed;  // outlive the pipeline
+  std::vector<StageModel*> models;
+  std::vector<Backend*> backends;
   for (int d = 0; d < p; ++d) {
     StageRig& rig = rigs[static_cast<std::size_t>(d)];
     timed.push_back(std::make_unique<EventTimedModel>(*rig.model, *rig.backend));
@@ -319,43 +317,15 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
       calls += IsCompute(op.kind) ? 1 : 0;
     }
     PO_RETURN_IF_ERROR(timed.back()->Prepare(calls));
+    models.push_back(timed.back().get());
+    backends.push_back(rig.backend.get());
   }
-  std::vector<std::unique_ptr<DeviceArena>> arenas;
-  std::vector<std::unique_ptr<Executor>> executors;
-  ExecutorOptions executor_options;
-  executor_options.wait_timeout_seconds = kWaitTimeoutSeconds;
-  executor_options.stash.wait_for_copy_at_release = options.release_wait;
-  executor_options.stash_physical_slack_bytes = options.release_uncapped ? -1 : 0;
-  // P2P lifetimes across the stages: each arena reserves their peak and each executor holds to
-  // it (waiting for a send once its receiver is known to have posted), unless asked for the
-  // worst-case reserve.
-  std::vector<P2PLifetimes> p2p;
-  if (!options.p2p_reserve_worst) {
-    absl::StatusOr<std::vector<P2PLifetimes>> analyzed = AnalyzeP2P(schedule);
-    if (!analyzed.ok()) return Annotate(analyzed.status(), absl::StrCat(plan.name, ": P2P plan"));
-    p2p = *std::move(analyzed);
-  }
+  absl::StatusOr<std::unique_ptr<LocalPipeline>> pipeline =
+      LocalPipeline::Open(RunOptions(options, plan), models, backends);
+  if (!pipeline.ok()) return Annotate(pipeline.status(), plan.name);
   for (int d = 0; d < p; ++d) {
-    StageRig& rig = rigs[static_cast<std::size_t>(d)];
-    const P2PLifetimes* stage_p2p = p2p.empty() ? nullptr : &p2p[static_cast<std::size_t>(d)];
-    executor_options.p2p_guarantee_points =
-        stage_p2p == nullptr ? std::vector<int>{} : stage_p2p->guarantee_point;
-    DeviceArenaOptions arena_options;
-    arena_options.budget_bytes = ArenaBudget(schedule, d, rig.model->BoundaryBytes(), stage_p2p);
-    arena_options.poison_on_free = false;  // a benchmark: no fill kernels on release
-    PO_ASSIGN_OR_RETURN(std::unique_ptr<DeviceArena> arena,
-                        DeviceArena::Create(*rig.backend, arena_options));
-    absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(
-        schedule.spec, schedule.stages[static_cast<std::size_t>(d)],
-        *timed[static_cast<std::size_t>(d)], *rig.backend, *arena,
-        *transports[static_cast<std::size_t>(d)], executor_options);
-    if (!executor.ok()) {
-      return Annotate(executor.status(), absl::StrCat(plan.name, ": stage ", d));
-    }
-    result.arena_bytes.push_back(arena_options.budget_bytes);
-    result.model_bytes.push_back(rig.model_bytes);
-    arenas.push_back(std::move(arena));
-    executors.push_back(std::move(*executor));
+    result.arena_bytes.push_back((*pipeline)->stage(d).arena_need().budget_bytes);
+    result.model_bytes.push_back(rigs[static_cast<std::size_t>(d)].model_bytes);
   }
   PO_ASSIGN_OR_RETURN(result.device_used_bytes, DeviceUsedBytes());
   result.stash_peak.assign(static_cast<std::size_t>(p), 0);
@@ -363,7 +333,7 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
   result.p2p_peak.assign(static_cast<std::size_t>(p), 0);
   for (int step = 0; step < options.warmup + options.steps; ++step) {
     for (auto& model : timed) model->StartStep();
-    absl::StatusOr<StepResult> ran = RunStep(executors, rigs);
+    absl::StatusOr<StepResult> ran = RunStep(**pipeline, *rigs[0].backend);
     if (!ran.ok()) return Annotate(ran.status(), absl::StrCat(plan.name, ": step ", step));
     if (step < options.warmup) continue;
     result.step_seconds.push_back(ran->seconds);
@@ -416,9 +386,7 @@ absl::StatusOr<PolicyRun> RunPolicy(const BenchOptions& options, const PlannedPo
     result.reload_gbs = use.h2d_gbs;
     result.link_efficiency = use.efficiency;
   }
-  // Executors before arenas before transports: queued work ends in the executors' teardown.
-  executors.clear();
-  for (StageRig& rig : rigs) PO_RETURN_IF_ERROR(rig.backend->Synchronize(kWaitTimeoutSeconds));
+  pipeline->reset();  // drains every stage's backend, then frees its executor and arena
   return result;
 }
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -14,17 +13,12 @@
 #include "absl/strings/str_split.h"
 #include "lib/base/check.h"
 #include "lib/base/status_macros.h"
-#include "pipeoffload/compiler.h"
+#include "pipeoffload/planning.h"
 
 namespace pipeoffload::bench {
 namespace {
 
-constexpr std::int64_t kArenaAlignment = 256;  // DeviceArenaOptions' default
 constexpr double kDryRunFlopsPerSecond = 600e12;
-
-std::int64_t AlignUp(std::int64_t bytes) {
-  return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-}
 
 absl::Status BadFlag(const std::string& flag, const std::string& value,
                      const std::string& accepts) {
@@ -267,29 +261,25 @@ ChunkCosts RescaleChunk(const ChunkCosts& costs, int from_layers, int to_layers)
   return out;
 }
 
-CostModel SoloCostModel(const BenchOptions& options, const ChunkCosts& costs,
-                        const LinkFigures& link) {
+CostModel SoloCostModel(const BenchOptions& options, const Layout& layout,
+                        const ChunkCosts& costs, const LinkFigures& link) {
   CostModel cost;
   cost.forward_time = costs.times.forward;
   cost.backward_time = costs.times.backward / 2.0;
   cost.weight_time = costs.times.backward / 2.0;
-  cost.activation_bytes = costs.saved_bytes;
-  cost.boundary_bytes = costs.boundary_bytes;
   cost.d2h_bandwidth = link.d2h;
   cost.h2d_bandwidth = link.h2d;
   cost.duplex_bandwidth = link.duplex;
   cost.p2p_bandwidth = 1e12;  // device-to-device on one GPU (~2 TB/s read + write)
   cost.p2p_latency = 10e-6;   // the copier's launch and host poll
   cost.host_link_group_size = options.stages;
-  return cost;
-}
-
-CostModel PlannerCostModel(const CostModel& solo, double scale) {
-  CostModel cost = solo;
-  cost.forward_time *= scale;
-  cost.backward_time *= scale;
-  cost.weight_time *= scale;
-  return cost;
+  // Per-virtual-stage bytes also hold auto to this layout's v: the models are built for one
+  // chunking, and auto would otherwise re-cut the layers into v' chunks.
+  return WithModelSizes(
+      cost, ModelSizes{std::vector<std::int64_t>(
+                           static_cast<std::size_t>(options.stages * layout.chunks),
+                           costs.saved_bytes),
+                       costs.boundary_bytes});
 }
 
 std::int64_t MaxPeakBytes(const Schedule& schedule) {
@@ -300,118 +290,34 @@ std::int64_t MaxPeakBytes(const Schedule& schedule) {
   return peak;
 }
 
-namespace {
-
-// `policy` on `layout` planned at compute factor `scale`, and its one-GPU prediction.
-absl::StatusOr<PlannedPolicy> PlanAtScale(const BenchOptions& options, const std::string& policy,
-                                          const Layout& layout, const CostModel& solo,
-                                          std::int64_t auto_budget, double scale) {
-  PlannedPolicy plan;
-  plan.name = policy;
-  plan.layout = layout;
-  plan.solo = solo;
-  plan.planner_scale = scale;
-  CostModel planner = PlannerCostModel(solo, scale);
-  if (!SplitPolicyName(policy).shared_link) {
-    // The default: each stage plans on its own 1/p of the link (see the header's top).
-    const double p = static_cast<double>(options.stages);
-    planner.host_link_group_size = 1;
-    planner.d2h_bandwidth /= p;
-    planner.h2d_bandwidth /= p;
-    planner.duplex_bandwidth /= p;
-  }
-  if (SplitPolicyName(policy).base == "auto") {
-    // Per-virtual-stage bytes hold auto to this layout's v: the model is built for one
-    // chunking, and auto would otherwise re-cut the layers into v' chunks.
-    planner.activation_bytes_per_virtual_stage.assign(
-        static_cast<std::size_t>(options.stages * layout.chunks), solo.activation_bytes);
-  }
-  absl::StatusOr<Schedule> schedule =
-      Compile(PolicySpec(options, policy, layout, auto_budget), planner);
-  if (!schedule.ok()) return Annotate(schedule.status(), absl::StrCat("policy ", policy));
-  if (!schedule->predictions.has_value()) {
-    return absl::InternalError(absl::StrCat("policy ", policy, ": Compile gave no predictions"));
-  }
-  plan.layout.family = schedule->spec.family;
-  plan.layout.chunks = schedule->spec.chunks_per_stage;
-  for (const std::string& warning : schedule->predictions->warnings) {
-    if (warning.rfind("auto: chose", 0) == 0) plan.auto_choice = warning;
-  }
-  plan.schedule = *std::move(schedule);
-  absl::StatusOr<SharedGpuPrediction> shared = SimulateSharedGpu(plan.schedule, plan.solo);
-  if (!shared.ok()) return Annotate(shared.status(), absl::StrCat("policy ", policy));
-  plan.shared = *std::move(shared);
-  return plan;
-}
-
-std::int64_t StashSum(const Schedule& schedule) {
-  std::int64_t sum = 0;
-  for (const StagePrediction& stage : schedule.predictions->stages) sum += stage.peak_bytes;
-  return sum;
-}
-
-}  // namespace
-
 absl::StatusOr<PlannedPolicy> PlanPolicy(const BenchOptions& options, const std::string& policy,
                                          const ChunkCosts& costs, int costs_layers_per_chunk,
                                          const LinkFigures& link, std::int64_t auto_budget) {
   const Layout layout = PolicyLayout(options, policy);
   const ChunkCosts chunk = RescaleChunk(costs, costs_layers_per_chunk, layout.layers_per_chunk);
-  const CostModel solo = SoloCostModel(options, chunk, link);
-  const double p = static_cast<double>(options.stages);
-  const PolicyName split = SplitPolicyName(policy);
-  const bool offloads = split.base != "1f1b" && split.base != "none";
-  std::vector<double> scales;
-  if (split.scale > 0) {
-    scales = {split.scale};
-  } else if (options.planner_scale > 0) {
-    scales = {options.planner_scale};
-  } else if (!offloads) {
-    scales = {p};
-  } else {
-    for (const double share : {1.0, 0.75, 0.5, 0.25, 0.0}) {
-      const double scale = std::max(1.0, p * share);
-      if (scales.empty() || scale < scales.back()) scales.push_back(scale);
-    }
+  const PolicyName name = SplitPolicyName(policy);
+  PlannedPolicy plan;
+  plan.name = policy;
+  plan.solo = SoloCostModel(options, layout, chunk, link);
+  PlanOptions plan_options;
+  plan_options.shared_gpu.stages_per_device = options.stages;
+  plan_options.shared_gpu.compute_factor = name.scale > 0 ? name.scale : options.planner_scale;
+  plan_options.shared_gpu.shared_link = name.shared_link;
+  plan_options.shared_gpu.search_tolerance = options.sim_tolerance;
+  absl::StatusOr<Plan> planned =
+      PlanSchedule(PolicySpec(options, policy, layout, auto_budget), plan.solo, plan_options);
+  if (!planned.ok()) return Annotate(planned.status(), absl::StrCat("policy ", policy));
+  plan.schedule = std::move(planned->schedule);
+  plan.shared = *planned->shared;
+  plan.base_step = planned->shared_baseline->step_time;
+  plan.planner_scale = planned->compute_factor;
+  plan.layout = layout;
+  plan.layout.family = plan.schedule.spec.family;  // auto's choice
+  plan.layout.chunks = plan.schedule.spec.chunks_per_stage;
+  for (const std::string& warning : plan.schedule.predictions->warnings) {
+    if (warning.rfind("auto: chose", 0) == 0) plan.auto_choice = warning;
   }
-  // The order without offload, for the search's bound (and the table).
-  const Layout plain_layout = split.base == "1f1b" ? layout : PolicyLayout(options, "none");
-  PO_ASSIGN_OR_RETURN(PlannedPolicy plain,
-                      PlanAtScale(options, split.base == "1f1b" ? "1f1b" : "none", plain_layout,
-                                  solo, 0, p));
-  if (!offloads) {
-    plain.name = policy;
-    plain.base_step = plain.shared.step_time;
-    return plain;
-  }
-  const double bound = plain.shared.step_time * (1.0 + options.sim_tolerance);
-  std::optional<PlannedPolicy> best;
-  absl::Status first_error = absl::OkStatus();
-  const auto key = [](const PlannedPolicy& plan) {
-    return std::make_tuple(MaxPeakBytes(plan.schedule), StashSum(plan.schedule),
-                           plan.shared.step_time);
-  };
-  for (const double scale : scales) {
-    absl::StatusOr<PlannedPolicy> plan = PlanAtScale(options, policy, layout, solo, auto_budget,
-                                                     scale);
-    if (!plan.ok()) {
-      if (first_error.ok()) first_error = plan.status();
-      continue;
-    }
-    const bool fits = plan->shared.step_time <= bound;
-    const bool best_fits = best.has_value() && best->shared.step_time <= bound;
-    bool better = !best.has_value();
-    if (!better && fits != best_fits) better = fits;
-    if (!better && fits && best_fits) better = key(*plan) < key(*best);
-    if (!better && !fits && !best_fits) {
-      better = std::make_pair(plan->shared.step_time, MaxPeakBytes(plan->schedule)) <
-               std::make_pair(best->shared.step_time, MaxPeakBytes(best->schedule));
-    }
-    if (better) best = *std::move(plan);
-  }
-  if (!best.has_value()) return first_error;
-  best->base_step = plain.shared.step_time;
-  return *std::move(best);
+  return plan;
 }
 
 absl::StatusOr<std::vector<PlannedPolicy>> PlanPolicies(const BenchOptions& options,
@@ -456,7 +362,7 @@ absl::StatusOr<SharedGpuPrediction> CalibratedPrediction(const PlannedPolicy& pl
   }
   // Compute only: the copies' bandwidths are measured on the link, not derived from F and B.
   absl::StatusOr<SharedGpuPrediction> out =
-      SimulateSharedGpu(plan.schedule, PlannerCostModel(plan.solo, scale));
+      SimulateSharedGpu(plan.schedule, ScaleComputeTimes(plan.solo, scale));
   if (!out.ok()) return Annotate(out.status(), absl::StrCat("policy ", plan.name, " calibrated"));
   return out;
 }
@@ -485,23 +391,11 @@ absl::Status Calibrate(const std::vector<std::optional<PlannedPolicy>>& plans, B
   return first_error;
 }
 
-std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes,
-                         const P2PLifetimes* p2p) {
-  const StagePrediction& predicted =
-      schedule.predictions->stages[static_cast<std::size_t>(stage)];
-  const StageProgram& program = schedule.stages[static_cast<std::size_t>(stage)];
-  // Stash: the predicted peak, each entry rounded up to the alignment.
-  const std::int64_t entry =
-      predicted.peak_units > 0 ? predicted.peak_bytes / predicted.peak_units : 0;
-  const std::int64_t stash = predicted.peak_units * AlignUp(entry);
-  if (p2p != nullptr) {
-    return stash + P2PBoundBytes(*p2p, boundary_bytes, kArenaAlignment) + kArenaAlignment;
-  }
-  // P2P: every block a SEND or RECV op uses could be live at once (a bound, not a prediction),
-  // plus the outputs of the F/B ops that feed the sends.
-  std::int64_t p2p_ops = 0;
-  for (const Op& op : program.ops) p2p_ops += IsP2P(op.kind) ? 1 : 0;
-  return stash + (p2p_ops + 2) * AlignUp(boundary_bytes) + kArenaAlignment;
+ArenaSizing BenchArenaSizing() {
+  ArenaSizing sizing;
+  sizing.fragmentation_share = 0.0;
+  sizing.spare_largest_entry = false;
+  return sizing;
 }
 
 double ModelFlopsPerStep(const BenchOptions& options) {
@@ -559,23 +453,25 @@ std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
         plan.base_step > 0 ? (plan.shared.step_time / plan.base_step - 1) * 100 : 0.0,
         plan.shared.compute_work, plan.shared.gpu_idle, plan.shared.copy_stall,
         predicted.step_time, predicted.step_time_without_offload);
-    // The arenas as a run would size them (P2P room from the lifetimes unless --p2p-reserve=worst).
-    absl::StatusOr<std::vector<P2PLifetimes>> p2p =
-        options.p2p_reserve_worst ? absl::StatusOr<std::vector<P2PLifetimes>>(
-                                        std::vector<P2PLifetimes>{})
-                                  : AnalyzeP2P(plan.schedule);
+    // The arenas as a run sizes them (P2P room from the lifetimes unless --p2p-reserve=worst).
+    const P2PReserve reserve = options.p2p_reserve_worst ? P2PReserve::kWorstCase
+                                                         : P2PReserve::kPlanned;
+    const absl::StatusOr<std::vector<P2PLifetimes>> p2p = AnalyzeP2P(plan.schedule);
+    const ModelSizes sizes{plan.solo.activation_bytes_per_virtual_stage,
+                           plan.solo.boundary_bytes};
     for (std::size_t d = 0; d < predicted.stages.size(); ++d) {
       const StagePrediction& stage = predicted.stages[d];
+      const absl::StatusOr<ArenaNeed> arena = StageArenaNeed(
+          plan.schedule, static_cast<int>(d), sizes, reserve, p2p.ok() ? &(*p2p)[d] : nullptr,
+          BenchArenaSizing());
       absl::StrAppendFormat(&out,
                             "\n  stage %d: peak %d entries %.3f GB (%d / %.3f GB without "
-                            "offload), offload %.3f GB, arena %.3f GB",
+                            "offload), offload %.3f GB, arena %s",
                             static_cast<int>(d), stage.peak_units, stage.peak_bytes / 1e9,
                             stage.peak_units_without_offload,
                             stage.peak_bytes_without_offload / 1e9, stage.offloaded_bytes / 1e9,
-                            ArenaBudget(plan.schedule, static_cast<int>(d),
-                                        plan.solo.boundary_bytes,
-                                        p2p.ok() && d < p2p->size() ? &(*p2p)[d] : nullptr) /
-                                1e9);
+                            arena.ok() ? absl::StrFormat("%.3f GB", arena->budget_bytes / 1e9)
+                                       : arena.status().ToString());
     }
     for (const std::string& warning : predicted.warnings) {
       absl::StrAppend(&out, "\n  warning: ", warning);

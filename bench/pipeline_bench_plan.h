@@ -3,44 +3,19 @@
 // Kept apart from the CUDA code so --dry-run (and a reader, and the tests) can check the plans
 // on a machine without a GPU.
 //
-// Stages that share one GPU (the scaling, derived). pipeline_bench runs p stages as threads on
-// ONE GPU with ONE PCIe link. Let F, B be a chunk's forward / backward measured alone, S an
-// entry's bytes and W the link's bandwidth. On p GPUs of their own, a stage computes at full
-// speed and owns its link, so an entry's transfer over its lifetime costs (S / W) / (F + B).
-// Here, while all p stages have work (the steady state, where offload must hide), each gets a
-// 1/p share of the GPU, so its ops take p F and p B, and all p stages' copies take turns on one
-// link. The planner is therefore given
-//     forward_time = c F, backward_time + weight_time = c B   (PlannerCostModel, c = p)
-//     host_link_group_size = 1, every bandwidth W / p          (the link split p ways)
-// which keeps each stage's ratio of compute to PCIe time what it would be on a GPU of its own
-// with a link of its own: the point of running "the local transport on one GPU" (issue 5).
-// The link mode, per policy (the default is the split link):
-//  - split (default; ":split" is accepted as an alias): each stage plans its copies on its own
-//    1/p share, so its program has no BARRIER and the p stage threads never wait for each
-//    other over the link; the copies share the real link as they come. This is the faithful
-//    emulation of p GPUs with p links, and it measured far better on the H200 (po-h at
-//    h = 4096: +1.2% step vs +5.3% shared; docs/benchmarks.md).
-//  - shared (":shared"): host_link_group_size = p at the full bandwidth, so the planner
-//    staggers the p stages' copies on the one link and hands it over with BARRIERs between the
-//    stage programs. On one GPU those hand-overs couple p threads whose real progress differs
-//    from the plan, and the waits (0.3-2.2 s per stage per step) are the overhead.
-// Two consequences:
+// Stages that share one GPU. pipeline_bench runs p stages as threads on ONE GPU with ONE PCIe
+// link, so its plans are the library's one-GPU plans (pipeoffload/planning.h derives them:
+// compute x c, the link split p ways or, with ":shared", one link with BARRIER hand-overs, and
+// the search of c judged by SimulateSharedGpu, pipeoffload/shared_gpu.h). What stays here is
+// the bench's own part:
 //  - The planner's step prediction is that of p GPUs each 1/p as fast: it counts the warm-up
 //    and cool-down bubble, which on one GPU the other stages' work fills. The step to compare
-//    with the measured one comes from SimulateSharedGpu (pipeoffload/shared_gpu.h) fed the
-//    SOLO costs (SoloCostModel): the same programs with compute shared by the stages running
-//    at each instant and copies shared on the one link. After the run, the bench also gives a
-//    CALIBRATED prediction (CalibrationScale below): the solo costs miss the in-pipeline
-//    compute by -10..+5%, which the 1f1b baseline's measured step measures.
-//  - Outside the steady state fewer than p stages run, so their ops take less than c = p times
-//    the solo time, and a copy the planner fitted into an op's p-fold duration (a warm-up
-//    forward gated behind its predecessor's offload, a reload before a cool-down backward)
-//    arrives late. The compiler has no notion of a shared compute engine, so PlanPolicy searches
-//    the factor: it plans each offload policy at c = p, 3p/4, p/2, p/4 and 1 (at least 1),
-//    predicts each plan with SimulateSharedGpu, and keeps the one with the smallest stash peak
-//    whose one-GPU step stays within --sim-tolerance of the same order without offload (else
-//    the fastest). Smaller c plans shorter lifespans against a busier link: fewer, safer
-//    copies. --planner-scale=c pins the factor.
+//    with the measured one is SimulateSharedGpu's from the SOLO costs (SoloCostModel). After
+//    the run, the bench also gives a CALIBRATED prediction (CalibrationScale below): the solo
+//    costs miss the in-pipeline compute by -10..+5%, which the 1f1b baseline's measured step
+//    measures.
+//  - The policies by name (po-f@C pins c, :shared plans on one link), their layouts, the flags,
+//    and the arena sizing of a benchmark that reports memory (BenchArenaSizing).
 #ifndef PIPEOFFLOAD_BENCH_PIPELINE_BENCH_PLAN_H_
 #define PIPEOFFLOAD_BENCH_PIPELINE_BENCH_PLAN_H_
 
@@ -51,11 +26,11 @@
 
 #include "absl/status/statusor.h"
 #include "bench/pipeline_bench_report.h"
-#include "pipeoffload/shared_gpu.h"
 #include "pipeoffload/calibrate.h"
 #include "pipeoffload/cost_model.h"
-#include "pipeoffload/p2p_lifetimes.h"
+#include "pipeoffload/planning.h"
 #include "pipeoffload/schedule.h"
+#include "pipeoffload/shared_gpu.h"
 
 namespace pipeoffload::bench {
 
@@ -159,17 +134,16 @@ struct ChunkCosts {
 ChunkCosts RescaleChunk(const ChunkCosts& costs, int from_layers, int to_layers);
 
 // Costs as measured alone: F, B split evenly into B and W (the spec does not split W, so one B
-// op costs both), bytes, the link figures, and a fast P2P link (device-to-device on one GPU).
+// op costs both), each virtual stage's entry of `layout` at costs.saved_bytes (which holds auto
+// to the layout's v), the link figures, and a fast P2P link (device-to-device on one GPU).
 // host_link_group_size = p: one link.
-CostModel SoloCostModel(const BenchOptions& options, const ChunkCosts& costs,
-                        const LinkFigures& link);
-// What the planner is given: the solo model with compute times scaled by `scale` (c at the top).
-CostModel PlannerCostModel(const CostModel& solo, double scale);
+CostModel SoloCostModel(const BenchOptions& options, const Layout& layout,
+                        const ChunkCosts& costs, const LinkFigures& link);
 
 struct PlannedPolicy {
   std::string name;  // as given: "1f1b", "po-h", ...
   Layout layout;     // the layout the schedule runs (auto: the family it picked)
-  Schedule schedule;  // compiled under PlannerCostModel, with its predictions
+  Schedule schedule;  // compiled under SharedGpuCostModel at planner_scale, with predictions
   CostModel solo;     // SoloCostModel of the layout
   SharedGpuPrediction shared;  // SimulateSharedGpu(schedule, solo)
   std::string auto_choice;     // auto: the compiler's "auto: chose ..." line
@@ -177,12 +151,12 @@ struct PlannedPolicy {
   double base_step = 0.0;      // SimulateSharedGpu of the layout's order without offload
 };
 
-// Compiles `policy` on its layout, with `costs` measured for chunks of
-// `costs_layers_per_chunk` layers (rescaled to the layout's chunks), searching the planner's
-// compute factor c as the top says (offload policies only; 1f1b and none plan at c = p).
-// `auto_budget` is the per-stage budget in bytes for auto (ignored otherwise). The auto search
-// is held to the layout's v (the bench builds its model for one chunking). Errors: Compile's
-// (at c = p, when no factor compiles) and SimulateSharedGpu's, annotated with the policy.
+// Compiles `policy` on its layout with the library's one-GPU planner (PlanSchedule with every
+// stage on one GPU), from `costs` measured for chunks of `costs_layers_per_chunk` layers
+// (rescaled to the layout's chunks): the compute factor c searched for offload policies unless
+// pinned (po-f@C, else --planner-scale), c = p for 1f1b and none. `auto_budget` is the
+// per-stage budget in bytes for auto (ignored otherwise). Errors: PlanSchedule's, annotated
+// with the policy.
 [[nodiscard]] absl::StatusOr<PlannedPolicy> PlanPolicy(const BenchOptions& options,
                                                        const std::string& policy,
                                                        const ChunkCosts& costs,
@@ -210,7 +184,7 @@ struct PlannedPolicy {
 // Errors: InvalidArgument unless both steps are positive and finite.
 [[nodiscard]] absl::StatusOr<double> CalibrationScale(double measured_baseline_step,
                                                       double predicted_baseline_step);
-// SimulateSharedGpu(plan.schedule, PlannerCostModel(plan.solo, scale)). Errors: its, and
+// SimulateSharedGpu(plan.schedule, ScaleComputeTimes(plan.solo, scale)). Errors: its, and
 // InvalidArgument for a scale that is not positive and finite.
 [[nodiscard]] absl::StatusOr<SharedGpuPrediction> CalibratedPrediction(const PlannedPolicy& plan,
                                                                        double scale);
@@ -226,13 +200,10 @@ struct PlannedPolicy {
 // Largest predicted stash peak over the stages. REQUIRES: schedule.predictions.
 std::int64_t MaxPeakBytes(const Schedule& schedule);
 
-// Device arena budget for `stage` of `schedule`: its predicted stash peak with the arena's
-// 256-byte alignment per entry, plus room for the P2P buffers that can be live at once: with
-// `p2p` (the stage's AnalyzeP2P result, which the executor then enforces through
-// ExecutorOptions::p2p_guarantee_points) its peak; without, every SEND/RECV buffer of the step
-// (--p2p-reserve=worst, the reserve of earlier runs).
-std::int64_t ArenaBudget(const Schedule& schedule, int stage, std::int64_t boundary_bytes,
-                         const P2PLifetimes* p2p = nullptr);
+// How the bench sizes each stage's arena (StageArenaNeed): exactly the program's need (the
+// aligned stash peak plus the P2P reserve), no headroom, since the device memory it reports is
+// part of the result.
+ArenaSizing BenchArenaSizing();
 
 // Model FLOP of one step by the convention of reference/hardware.md section 4 (and of
 // scripts/torch_peer.py): per layer and microbatch of s tokens, F + B = 72 h^2 s + 12 s^2 h
