@@ -5,9 +5,10 @@
 set -euo pipefail
 
 # liburing-dev: io_uring for the NVMe tier of layer sliding (lib/slide/nvme_uring.cc), linked
-# from its static archive.
+# from its static archive. python3, python3-pytest: the Python package over the C ABI
+# (python/pipeoffload) and its tests (tests/python).
 packages=(build-essential cmake ninja-build libabsl-dev catch2 nlohmann-json3-dev
-          libopenmpi-dev openmpi-bin liburing-dev)
+          libopenmpi-dev openmpi-bin liburing-dev python3 python3-pytest)
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

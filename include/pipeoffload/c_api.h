@@ -1,0 +1,344 @@
+/* pipeoffload's C ABI: the schedule compiler, schedule files and the simulator, for callers
+ * that are not C++ (the Python package binds exactly this header with ctypes; DESIGN.md 5.1).
+ * Pure C99; compiles as C and as C++. Implemented in lib/c_api/, shipped as
+ * libpipeoffload_c.so, which carries everything it needs (no C++ or Abseil symbols leak out).
+ *
+ * ABI rules
+ *  - Stable within one PO_C_API_VERSION: functions are never removed or changed, enumerators
+ *    never renumbered. New functions, enumerators and status codes may be added; a caller
+ *    treats any nonzero po_status it does not know as an error.
+ *  - Versioned structs (po_spec, po_cost_options, po_load_options, po_prediction_summary,
+ *    po_stage_prediction, po_link_traffic) begin with `uint32_t struct_size`, which the caller
+ *    sets to sizeof(the struct) as it compiled it; the po_*_init functions do that and fill the
+ *    defaults, so always call them first. New fields are only ever appended (each struct is laid
+ *    out without implicit padding, so an appended field starts past the old size). The library
+ *    reads (or, for results, writes) only the first struct_size bytes; fields past them keep
+ *    their defaults. A struct_size smaller than the first release's struct, or larger than the
+ *    library knows (a newer header than the library), is PO_ERROR_INVALID_ARGUMENT.
+ *  - `reserved` fields must be zero (nonzero is PO_ERROR_INVALID_ARGUMENT), so that they can be
+ *    given a meaning later.
+ *  - po_op is frozen (arrays of it are handed out): it will never grow.
+ *  - Handles (po_schedule, po_predictions) are opaque and owned by the caller from the call
+ *    that returns them until its po_*_free. They are immutable, so any number of threads may
+ *    call the const-handle functions on one handle at once; freeing must not race with use.
+ *  - Strings the library returns as `const char*` are either static (names of kinds, families,
+ *    policies, status codes, po_version: valid for the life of the process) or owned by a handle
+ *    (valid until that handle is freed), as each function says. Text returned through `char**`
+ *    (po_schedule_format) is the caller's and is released with po_free, never free().
+ *  - Errors: every function that can fail returns a po_status. The message of the last call
+ *    that returned a po_status is kept per thread (thread-local, not per handle, so a failed
+ *    create, which has no handle yet, still has a message): po_last_error_message() returns it
+ *    ("" after a success) and it stays valid until the next such call on the same thread.
+ *    Bad input (null pointers, bad specs, out-of-range indices, unreadable files) is always a
+ *    status, never an abort; a C++ exception never crosses this boundary.
+ *  - On error, out-parameters are left unchanged, except handles, which are set to NULL.
+ *
+ * TODO(issue 14): running a stage with C callbacks. The C++ entry point that opens one
+ * rank's stage (PipelineStage::Open, pipeline.h: schedule, costs, arena, backend, transport,
+ * executor) arrived while this ABI was written; binding it is the next step, in a section of
+ * this shape (not implemented yet; po_stage_options would carry StageOptions' fields):
+ *     typedef struct po_stage_callbacks {
+ *       uint32_t struct_size; int32_t reserved; void* user_data;
+ *       int64_t (*saved_bytes)(void* user_data, int32_t chunk, int32_t split_backward);
+ *       int64_t boundary_bytes;
+ *       po_status (*forward)(void* user_data, int32_t mb, int32_t chunk, const void* input,
+ *                            void* output, void* saved, uint64_t stream);
+ *       po_status (*backward)(void* user_data, int32_t mb, int32_t chunk,
+ *                             const void* grad_output, void* grad_input, void* saved,
+ *                             int32_t with_weight_grad, uint64_t stream);
+ *       po_status (*backward_weight)(void* user_data, int32_t mb, int32_t chunk, void* saved,
+ *                                    uint64_t stream);
+ *     } po_stage_callbacks;
+ *     po_status po_stage_open(const po_schedule* schedule, int32_t stage,
+ *                             const po_stage_callbacks* callbacks,
+ *                             const po_stage_options* options, po_stage** out);
+ *     po_status po_stage_run_iteration(po_stage* stage, po_iteration_stats* stats);
+ *     void po_stage_free(po_stage* stage);
+ * Buffers are device pointers with byte sizes as the StageModel contract (stage_model.h) has
+ * them; streams are integers (a cudaStream_t cast to uint64_t on the CUDA backend). */
+#ifndef PIPEOFFLOAD_C_API_H_
+#define PIPEOFFLOAD_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define PO_C_API_EXPORT __attribute__((visibility("default")))
+#else
+#define PO_C_API_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Incremented only by a change that breaks the rules above (never within one release line). */
+#define PO_C_API_VERSION 1
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+/* Status codes; the values are the canonical (absl::StatusCode / gRPC) numbers. */
+typedef int32_t po_status;
+enum {
+  PO_OK = 0,
+  PO_ERROR_UNKNOWN = 2,
+  PO_ERROR_INVALID_ARGUMENT = 3,    /* bad parameters, null pointers, malformed files */
+  PO_ERROR_NOT_FOUND = 5,           /* a file that does not exist */
+  PO_ERROR_PERMISSION_DENIED = 7,
+  PO_ERROR_RESOURCE_EXHAUSTED = 8,  /* out of memory; auto found no plan within the budget */
+  PO_ERROR_FAILED_PRECONDITION = 9, /* a schedule that fails validation; no predictions */
+  PO_ERROR_OUT_OF_RANGE = 11,       /* stage or op index past the end; buffer too small */
+  PO_ERROR_UNIMPLEMENTED = 12,
+  PO_ERROR_INTERNAL = 13            /* a bug of ours: please report the message */
+};
+
+/* "OK", "INVALID_ARGUMENT", ... (static); "UNKNOWN" for a value it does not know. */
+PO_C_API_EXPORT const char* po_status_name(po_status status);
+
+/* The message of the last po_status-returning call on this thread ("" when it succeeded).
+ * Never NULL; valid until the next such call on this thread. */
+PO_C_API_EXPORT const char* po_last_error_message(void);
+
+/* ---- version ----------------------------------------------------------------------------- */
+
+/* The library's release, e.g. "0.1.0" (static). */
+PO_C_API_EXPORT const char* po_version(void);
+/* The PO_C_API_VERSION the library was built with; a caller built against another version
+ * must not use it. */
+PO_C_API_EXPORT int32_t po_c_api_version(void);
+
+/* Frees text the library returned through a `char**`. NULL is allowed. */
+PO_C_API_EXPORT void po_free(void* text);
+
+/* ---- ops --------------------------------------------------------------------------------- */
+
+/* Op kinds, numbered as the IR's OpKind (schedule.h); names are the IR's ("F", "SEND_F"). */
+enum {
+  PO_OP_FORWARD = 0,          /* "F" */
+  PO_OP_BACKWARD = 1,         /* "B": input gradient, or the full backward when W is not split */
+  PO_OP_BACKWARD_WEIGHT = 2,  /* "W" */
+  PO_OP_SEND_ACTIVATION = 3,  /* "SEND_F" */
+  PO_OP_RECV_ACTIVATION = 4,  /* "RECV_F" */
+  PO_OP_SEND_GRAD = 5,        /* "SEND_B" */
+  PO_OP_RECV_GRAD = 6,        /* "RECV_B" */
+  PO_OP_OFFLOAD = 7,          /* "OFFLOAD" */
+  PO_OP_RELEASE = 8,          /* "RELEASE" */
+  PO_OP_RELOAD = 9,           /* "RELOAD" */
+  PO_OP_BARRIER = 10          /* "BARRIER" */
+};
+
+/* One instruction of a stage's program (frozen layout). `chunk` is the chunk on the op's own
+ * stage; `peer` is the other stage of P2P ops and BARRIER, -1 otherwise; a BARRIER that guards
+ * no transfer has mb = chunk = -1. */
+typedef struct po_op {
+  int32_t kind; /* PO_OP_* */
+  int32_t mb;
+  int32_t chunk;
+  int32_t peer;
+} po_op;
+
+/* "F", "B", ..., "BARRIER" (static), or NULL for a kind it does not know. */
+PO_C_API_EXPORT const char* po_op_kind_name(int32_t kind);
+
+/* Writes the op's short form as the text format prints it ("F3.1", "SEND_F0.0->1",
+ * "RECV_B2.0<-3", "BARRIER1.0~2") and a NUL into `buffer`; *length gets its length without the
+ * NUL. Errors: INVALID_ARGUMENT for null pointers or an unknown kind; OUT_OF_RANGE when
+ * `capacity` cannot hold text and NUL (*length still says how much is needed; 32 always does). */
+PO_C_API_EXPORT po_status po_op_format(const po_op* op, char* buffer, size_t capacity,
+                                       size_t* length);
+
+/* ---- specs and cost models --------------------------------------------------------------- */
+
+/* What to compile: PipelineSpec (schedule.h) field for field. */
+typedef struct po_spec {
+  uint32_t struct_size;
+  int32_t num_stages;       /* p; default 8 (as po-schedule) */
+  int32_t num_microbatches; /* m; default 32 (as po-schedule) */
+  int32_t chunks_per_stage; /* v; default 1 */
+  int32_t group_size;       /* g; 0 = the family's default */
+  int32_t split_backward;   /* nonzero: separate W ops (zero-bubble style) */
+  int32_t offload_chunks;   /* selective: offload chunks [0, n); 0 = use offload_fraction */
+  int32_t strict;           /* nonzero: fail when bandwidth cannot carry the requested offload */
+  const char* family;       /* "1f1b" | "interleaved" | "group-interleaved"; NULL = "1f1b" */
+  const char* offload;      /* "none" | "po-h" | "po-f" | "selective" | "auto"; NULL = "none" */
+  double offload_fraction;  /* selective: share of the activation volume, in [0, 1] */
+  int64_t memory_budget_bytes; /* auto: per-stage activation budget */
+} po_spec;
+
+/* Sets struct_size and the defaults above. */
+PO_C_API_EXPORT void po_spec_init(po_spec* spec);
+
+/* The cost model to plan and time with, built as po-schedule builds it: a base (the GPT
+ * estimate, or unit costs), then the fields of `cost_model_json` on top. */
+typedef struct po_cost_options {
+  uint32_t struct_size;
+  int32_t unit_costs;           /* nonzero: F = B = W = 1, one entry's transfer = 3k units */
+  int32_t gpt_hidden;           /* GPT estimate: hidden size h; default 8192 */
+  int32_t gpt_sequence;         /* GPT estimate: tokens per microbatch; default 4096 */
+  int32_t gpt_layers_per_chunk; /* GPT estimate: layers in one chunk; default 2 */
+  int32_t reserved;
+  double offload_ratio;         /* unit costs: k; default 0.25 */
+  double gpt_tflops;            /* GPT estimate: achieved TFLOP/s; default 600 */
+  /* NULL, or a JSON object with any CostModel fields (cost_model.h), e.g.
+   * {"forward_time": 2, "activation_bytes": 1048576}; the same keys as po-schedule's
+   * --cost-model file. Copied during the call. */
+  const char* cost_model_json;
+} po_cost_options;
+
+/* Sets struct_size and the defaults above (the GPT estimate, as po-schedule). */
+PO_C_API_EXPORT void po_cost_options_init(po_cost_options* options);
+
+/* ---- schedules --------------------------------------------------------------------------- */
+
+typedef struct po_schedule po_schedule;  /* a validated schedule and the cost model it was
+                                            compiled or loaded with */
+
+/* Formats, as schedule_io.h and trace.h write them. */
+enum {
+  PO_FORMAT_JSON = 0,              /* the canonical file, "pipeoffload.schedule/1" */
+  PO_FORMAT_TEXT = 1,              /* one row per stage, for humans (write only) */
+  PO_FORMAT_PYTORCH_CSV = 2,       /* torch.distributed.pipelining, compute actions only */
+  PO_FORMAT_PYTORCH_CSV_COMMS = 3, /* the same with SEND/RECV actions */
+  PO_FORMAT_TRACE = 4,             /* Perfetto / Chrome trace of the simulated timeline (write
+                                      only; times in us, or 1 unit = 1 ms with unit costs) */
+  PO_FORMAT_SVG = 5                /* the simulated timeline as a picture (timeline_svg.h;
+                                      write only) */
+};
+
+/* Compiles `spec` under `cost` (NULL = po_cost_options_init's defaults), as po-schedule
+ * compile does (auto included). *out receives a new handle that carries the predictions.
+ * Errors: INVALID_ARGUMENT naming the field (unknown family, p < 1, a spec the family does not
+ * accept, bad cost model JSON); RESOURCE_EXHAUSTED when auto finds no plan within the budget;
+ * FAILED_PRECONDITION when strict offload cannot be carried. */
+PO_C_API_EXPORT po_status po_schedule_compile(const po_spec* spec, const po_cost_options* cost,
+                                              po_schedule** out);
+
+/* How to read a schedule. */
+typedef struct po_load_options {
+  uint32_t struct_size;
+  int32_t format;          /* PO_FORMAT_JSON (default), PO_FORMAT_PYTORCH_CSV or _COMMS */
+  int32_t num_stages;      /* CSV: the pipeline's ranks (the file does not carry it); default 0,
+                              which a CSV load rejects */
+  int32_t reserved;
+  const char* family;      /* CSV: the family to record; NULL = "1f1b" */
+} po_load_options;
+
+/* Sets struct_size and the defaults above. */
+PO_C_API_EXPORT void po_load_options_init(po_load_options* options);
+
+/* Reads a schedule from `size` bytes of `data` (need not be NUL-terminated), as po-schedule
+ * validate / import do: a CSV without SEND/RECV actions gets them inserted, then the schedule
+ * must pass Validate. `options` NULL = JSON; `cost` NULL = the defaults (used by
+ * po_schedule_simulate and the trace format). Errors: INVALID_ARGUMENT naming the place in the
+ * file (JSON path, or CSV row and column); FAILED_PRECONDITION naming the invariant broken. */
+PO_C_API_EXPORT po_status po_schedule_parse(const char* data, size_t size,
+                                            const po_load_options* options,
+                                            const po_cost_options* cost, po_schedule** out);
+
+/* po_schedule_parse of the file at `path`. Errors also: NOT_FOUND, PERMISSION_DENIED naming
+ * the path; messages of parse errors begin with the path. */
+PO_C_API_EXPORT po_status po_schedule_load(const char* path, const po_load_options* options,
+                                           const po_cost_options* cost, po_schedule** out);
+
+/* Frees a schedule; NULL is allowed. */
+PO_C_API_EXPORT void po_schedule_free(po_schedule* schedule);
+
+/* The spec the schedule was built from, group_size resolved. Its strings are static. */
+PO_C_API_EXPORT po_status po_schedule_spec(const po_schedule* schedule, po_spec* out);
+
+/* Number of stages (programs), p. */
+PO_C_API_EXPORT po_status po_schedule_num_stages(const po_schedule* schedule, int32_t* out);
+
+/* Number of ops in `stage`'s program. Errors: OUT_OF_RANGE for a stage outside [0, p). */
+PO_C_API_EXPORT po_status po_schedule_num_ops(const po_schedule* schedule, int32_t stage,
+                                              size_t* out);
+
+/* Copies ops [first, first + count) of `stage`'s program into `ops`. Errors: OUT_OF_RANGE
+ * when the stage or the range is outside the program. `ops` may be NULL when count is 0. */
+PO_C_API_EXPORT po_status po_schedule_ops(const po_schedule* schedule, int32_t stage,
+                                          size_t first, size_t count, po_op* ops);
+
+/* The schedule in `format` (PO_FORMAT_*): *text gets a NUL-terminated copy the caller frees
+ * with po_free, *size its length without the NUL. The trace and SVG formats simulate with
+ * the schedule's cost model. Errors: INVALID_ARGUMENT for an unknown format; those of
+ * po_schedule_simulate for the trace. */
+PO_C_API_EXPORT po_status po_schedule_format(const po_schedule* schedule, int32_t format,
+                                             char** text, size_t* size);
+
+/* po_schedule_format written to the file at `path` (created or truncated). Errors also: those
+ * of open(2) and write(2) naming the path. */
+PO_C_API_EXPORT po_status po_schedule_write(const po_schedule* schedule, int32_t format,
+                                            const char* path);
+
+/* ---- predictions ------------------------------------------------------------------------- */
+
+typedef struct po_predictions po_predictions;  /* what the simulator predicts for a schedule */
+
+/* Simulates the schedule (simulate.h) under `cost`, or under the schedule's own cost model
+ * when `cost` is NULL (for a compiled auto plan that is the model re-cut to the plan's v).
+ * Errors: INVALID_ARGUMENT for a cost model the simulator cannot time with. */
+PO_C_API_EXPORT po_status po_schedule_simulate(const po_schedule* schedule,
+                                               const po_cost_options* cost,
+                                               po_predictions** out);
+
+/* The predictions the schedule carries: the compiler's (with its planner's warnings) for a
+ * compiled schedule, the file's for a loaded one. Errors: FAILED_PRECONDITION when it carries
+ * none (a file without them: use po_schedule_simulate). */
+PO_C_API_EXPORT po_status po_schedule_predictions(const po_schedule* schedule,
+                                                  po_predictions** out);
+
+/* Frees predictions; NULL is allowed. */
+PO_C_API_EXPORT void po_predictions_free(po_predictions* predictions);
+
+typedef struct po_prediction_summary {
+  uint32_t struct_size;
+  int32_t num_stages;
+  int32_t num_links;
+  int32_t num_warnings;
+  int32_t collisions;          /* overlapping transfers in one direction of one link */
+  int32_t reserved;
+  double step_time;            /* makespan of one iteration, in the cost model's time unit */
+  double bubble_ratio;         /* 1 - busy compute / (p * step_time) */
+  double step_time_without_offload;
+} po_prediction_summary;
+
+typedef struct po_stage_prediction {
+  uint32_t struct_size;
+  int32_t stage;
+  int64_t peak_units;          /* peak stash entries resident on the device */
+  int64_t peak_bytes;          /* the same peak in bytes */
+  int64_t peak_units_without_offload;
+  int64_t peak_bytes_without_offload;
+  int64_t host_bytes;          /* pinned host memory the stage needs (peak) */
+  int64_t offloaded_bytes;     /* bytes copied D2H per iteration */
+  double busy_time;            /* compute time on this stage */
+  double end_time;             /* completion of the stage's last op */
+} po_stage_prediction;
+
+typedef struct po_link_traffic {
+  uint32_t struct_size;
+  int32_t reserved;
+  const char* name;            /* "host:0", "p2p:0->1"; owned by the predictions handle */
+  int64_t bytes_d2h;           /* host links: device-to-host; P2P links: bytes sent */
+  int64_t bytes_h2d;
+} po_link_traffic;
+
+/* Callers set struct_size (sizeof) before these calls; the library fills the rest. */
+PO_C_API_EXPORT po_status po_predictions_summary(const po_predictions* predictions,
+                                                 po_prediction_summary* out);
+/* Errors: OUT_OF_RANGE for a stage outside [0, num_stages). */
+PO_C_API_EXPORT po_status po_predictions_stage(const po_predictions* predictions, int32_t stage,
+                                               po_stage_prediction* out);
+/* Errors: OUT_OF_RANGE for an index outside [0, num_links). */
+PO_C_API_EXPORT po_status po_predictions_link(const po_predictions* predictions, int32_t index,
+                                              po_link_traffic* out);
+/* *out gets warning `index` (e.g. planned less offload than requested, with numbers), owned by
+ * the predictions handle. Errors: OUT_OF_RANGE for an index outside [0, num_warnings). */
+PO_C_API_EXPORT po_status po_predictions_warning(const po_predictions* predictions,
+                                                 int32_t index, const char** out);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* PIPEOFFLOAD_C_API_H_ */
