@@ -5,7 +5,7 @@
 // slots (device parameters + wire gradients of the units that slide through it), one fp32
 // gradient accumulator, the activations of one unit boundary per microbatch and one call's
 // workspace; the fp32 master weights and Adam m, v of sliding units live in host memory
-// (optionally m, v on NVMe). Per step:
+// (optionally m, v and some activation checkpoints on NVMe). Per step:
 //   forward   units ascend; unit u+1's parameters upload while u computes; each unit's input
 //             (its checkpoint) goes to pinned host memory asynchronously;
 //   backward  units descend; unit u-1's parameters and checkpoints are prefetched while u
@@ -190,6 +190,14 @@ struct SlidingOptions {
   // halves) in a file there, read before and written after their update (io_uring, O_DIRECT).
   std::string nvme_dir;
   double nvme_fraction = 0.0;
+  // Activation checkpoints on the NVMe tier: this share of the checkpointed units (units 1 ..
+  // last-2, whose inputs go to the host in the forward and come back in the backward), the
+  // LOWEST first: they are saved first in the forward and loaded last in the backward, so their
+  // drive writes and reads have the most slack. Their checkpoints live in one O_DIRECT file in
+  // nvme_dir instead of pinned host memory (M x activation_bytes per unit), staged through a
+  // small ring of pinned buffers (SlidingPlan::checkpoint_staging_buffers). In [0, 1]; > 0
+  // needs nvme_dir.
+  double nvme_checkpoint_fraction = 0.0;
   // Record every engine's work (compute, H2D, D2H, CPU Adam, NVMe) of each step.
   bool record_trace = false;
   double timeout_seconds = 600.0;  // bound on every wait
@@ -199,6 +207,11 @@ struct SlidingOptions {
 struct SlidingPlan {
   std::vector<UnitPlace> placement;   // per unit
   std::vector<bool> nvme;             // per unit: m, v on NVMe
+  std::vector<bool> nvme_checkpoints;  // per unit: its input's checkpoints on NVMe
+  // Pinned buffers the checkpoints on NVMe pass through (0 when none): a save's D2H lands in
+  // one and its drive write starts from it; a load's drive read lands in one and its H2D
+  // starts from it. Each holds one checkpoint, rounded up to 4 KiB.
+  int checkpoint_staging_buffers = 0;
   std::vector<std::int64_t> slot_elements;  // capacity of each ring slot, in elements
   int landing_buffers = 0;
   // Device bytes by purpose; `device_total_bytes` <= the budget.
@@ -212,7 +225,8 @@ struct SlidingPlan {
   std::int64_t device_total_bytes = 0;
   // Host bytes: pageable (m, v of sliding units, and their fp32 masters or, bf16, the masters'
   // low halves), pinned (the device-format upload copies, gradient landing / parking,
-  // checkpoints, NVMe staging), and on NVMe.
+  // checkpoints kept on the host, NVMe staging of the state and of the checkpoints), and on
+  // NVMe (the state file and the checkpoint file, each record rounded up to 4 KiB).
   std::int64_t host_pageable_bytes = 0;
   std::int64_t host_pinned_bytes = 0;
   std::int64_t nvme_bytes = 0;
@@ -256,6 +270,10 @@ struct SlidingStepResult {
   double gpu_wait_seconds = 0.0;  // host time the engine thread blocked on updates and buffers
   std::int64_t h2d_bytes = 0;
   std::int64_t d2h_bytes = 0;
+  // Bytes the checkpoints on NVMe moved to and from the drive in this step (each checkpoint
+  // written once and read once, rounded up to 4 KiB). Every such read and write of a step has
+  // finished when Step returns.
+  std::int64_t nvme_checkpoint_bytes = 0;
   std::int64_t device_high_water_bytes = 0;  // the engine's arena
   std::vector<SlideRecord> records;  // with SlidingOptions::record_trace
 };

@@ -135,6 +135,7 @@ absl::StatusOr<std::unique_ptr<LayerSlidingEngine>> LayerSlidingEngineImpl::Crea
     engine->setup_.nvme = engine->nvme_->Describe();
     engine->setup_.pinned_bytes += engine->nvme_->staging_bytes();
   }
+  PO_RETURN_IF_ERROR(engine->CreateCheckpointTier());
   const int landing = static_cast<int>(engine->landing_.size());
   engine->worker_ = std::make_unique<UpdateWorker>(
       backend, *engine->cpu_adam_, shape.param_dtype, engine->host_, landing,
@@ -253,7 +254,9 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
   if (!park) grads = plan_.landing_buffers * CarvedBytes(dtype_bytes_ * largest_sliding);
   std::int64_t checkpoint_bytes = 0;
   for (int u = 0; u < num_units_; ++u) {
-    if (IsCheckpointed(u, num_units_)) checkpoint_bytes += M_ * CarvedBytes(shape_.activation_bytes);
+    if (IsCheckpointed(u, num_units_) && !CheckpointOnNvme(u)) {
+      checkpoint_bytes += M_ * CarvedBytes(shape_.activation_bytes);
+    }
   }
   std::int64_t side_elements = 0;
   for (int u = 0; u < num_units_; ++u) {
@@ -306,7 +309,7 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
   }
   checkpoints_.resize(static_cast<std::size_t>(num_units_));
   for (int u = 0; u < num_units_; ++u) {
-    if (!IsCheckpointed(u, num_units_)) continue;
+    if (!IsCheckpointed(u, num_units_) || CheckpointOnNvme(u)) continue;
     for (int mb = 0; mb < M_; ++mb) {
       checkpoints_[static_cast<std::size_t>(u)].push_back(
           ckpt.Carve(shape_.activation_bytes, ArrayKind::kMaster));
@@ -323,6 +326,26 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
   for (HostBlock* block : {&state, &uploads, &grad_block, &ckpt, &misc}) {
     blocks_.push_back(std::move(*block));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LayerSlidingEngineImpl::CreateCheckpointTier() {
+  CheckpointTierOptions tier;
+  for (const SlideOp& op : program_.ops) {
+    if (op.kind == SlideOpKind::kLoadCheckpoint && CheckpointOnNvme(op.unit)) {
+      tier.load_order.emplace_back(op.unit, op.mb);
+    }
+  }
+  if (tier.load_order.empty()) return absl::OkStatus();
+  tier.dir = options_.nvme_dir;
+  tier.checkpoint_bytes = shape_.activation_bytes;
+  tier.staging_buffers = plan_.checkpoint_staging_buffers;
+  tier.timeout_seconds = options_.timeout_seconds;
+  for (const SlidingUnitShape& unit : shape_.units) tier.unit_names.push_back(unit.name);
+  PO_ASSIGN_OR_RETURN(checkpoint_tier_, CheckpointTier::Create(backend_, tier, *recorder_));
+  setup_.pinned_bytes += checkpoint_tier_->staging_bytes();
+  const std::string line = absl::StrCat("checkpoints: ", checkpoint_tier_->Describe());
+  setup_.nvme = setup_.nvme.empty() ? line : absl::StrCat(setup_.nvme, "; ", line);
   return absl::OkStatus();
 }
 

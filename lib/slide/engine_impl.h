@@ -3,10 +3,13 @@
 //
 // Invariants:
 //  - One thread (the caller of Step) issues every device operation, in program order
-//    (program.h); the only other thread is the UpdateWorker's (CPU Adam, NVMe). The caller's
-//    thread blocks on the host only (a) before a unit's first upload of a step, for that unit's
-//    update of the previous step, (b) for a free landing buffer before handing gradients out,
-//    (c) at the norm, for the sums of squares; every such wait is bounded by
+//    (program.h); the only other threads are the UpdateWorker's (CPU Adam, the m, v tier on
+//    NVMe) and the CheckpointTier's (checkpoints on NVMe: copy events -> drive requests). The
+//    caller's thread blocks on the host only (a) before a unit's first upload of a step, for
+//    that unit's update of the previous step, (b) for a free landing buffer before handing
+//    gradients out, (c) at the norm, for the sums of squares, (d) before saving a checkpoint
+//    that lives on NVMe, for a free staging buffer (one whose last write or H2D finished),
+//    (e) before loading such a checkpoint, for its drive read; every such wait is bounded by
 //    SlidingOptions::timeout_seconds.
 //  - Device ordering is by events, each recorded by this thread before any wait on it is
 //    enqueued (an event never recorded counts as complete, so a wait enqueued too early would
@@ -21,6 +24,9 @@
 //                                                                  that overwrites act[a][mb]
 //      act_reader_done[a]    compute, after the backward that read act[a] -> H2D loads into it
 //      act_loaded[a][mb]     H2D, after a checkpoint load       -> compute before its backward
+//      staging event [b]     D2H after a save into NVMe staging buffer b, H2D after a load
+//                            from it -> the CheckpointTier's host wait before it writes b to the
+//                            drive / hands b out again (checkpoint_tier.h)
 //      accum_done / side_*   the accumulator's hand-over of a borrower's gradients to the owner
 //      chunk events          D2H, per gradient chunk            -> the UpdateWorker's host wait
 //      sums_copied           D2H, the sums of squares           -> the norm's host wait
@@ -44,6 +50,7 @@
 #include <optional>
 #include <vector>
 
+#include "lib/slide/checkpoint_tier.h"
 #include "lib/slide/device_ops.h"
 #include "lib/slide/host_memory.h"
 #include "lib/slide/nvme_tier.h"
@@ -102,6 +109,10 @@ class LayerSlidingEngineImpl final : public LayerSlidingEngine {
   absl::Status CheckUnit(int unit, std::size_t size, std::string_view what) const;
   std::int64_t Own(int unit) const { return shape_.units[static_cast<std::size_t>(unit)].param_count; }
   int Borrowed(int unit) const { return shape_.units[static_cast<std::size_t>(unit)].borrowed_unit; }
+  bool CheckpointOnNvme(int unit) const {
+    return plan_.nvme_checkpoints[static_cast<std::size_t>(unit)];
+  }
+  absl::Status CreateCheckpointTier();
   bool IsSliding(int unit) const {
     return plan_.placement[static_cast<std::size_t>(unit)] == UnitPlace::kSliding;
   }
@@ -139,6 +150,7 @@ class LayerSlidingEngineImpl final : public LayerSlidingEngine {
   std::unique_ptr<CpuAdam> cpu_adam_;
   std::unique_ptr<SlideRecorder> recorder_;
   std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<CheckpointTier> checkpoint_tier_;  // checkpoints on NVMe, or null
   std::unique_ptr<UpdateWorker> worker_;  // last: destroyed first (it reads the host state)
 
   // Device.
@@ -154,7 +166,7 @@ class LayerSlidingEngineImpl final : public LayerSlidingEngine {
   std::vector<UnitHostState> host_;  // per unit (sliding units filled)
   std::vector<GradsHome> landing_;   // landing buffers, or
   std::vector<GradsHome> parked_;    // per unit, when gradients are parked
-  std::vector<std::vector<void*>> checkpoints_;  // [unit][mb]
+  std::vector<std::vector<void*>> checkpoints_;  // [unit][mb]; empty for units on NVMe
   float* side_ = nullptr;  // a borrower's gradients for its owner
   double* sums_host_ = nullptr;
   // Events.

@@ -73,6 +73,8 @@ absl::StatusOr<SlidingStepResult> LayerSlidingEngineImpl::Step(const SlidingStep
   result.gpu_wait_seconds = wait_seconds_;
   result.h2d_bytes = step_h2d_bytes_;
   result.d2h_bytes = step_d2h_bytes_;
+  // Every drive request of the step's checkpoints finished before its load was handed out.
+  if (checkpoint_tier_ != nullptr) result.nvme_checkpoint_bytes = checkpoint_tier_->TakeBytes();
   result.device_high_water_bytes = arena_->Usage(MemoryCategory::kOther).high_water_bytes;
   error_ = recorder_->Resolve();
   PO_RETURN_IF_ERROR(error_);
@@ -170,10 +172,22 @@ absl::Status LayerSlidingEngineImpl::SaveCheckpoint(const SlideOp& op) {
   const int set = op.unit % 2;
   const auto mb = static_cast<std::size_t>(op.mb);
   PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(d2h, act_fwd_done_[set][mb]));
-  PO_RETURN_IF_ERROR(Copy(QueueKind::kD2H, checkpoints_[static_cast<std::size_t>(op.unit)][mb],
-                          act_[set][mb], shape_.activation_bytes, SlideEngineKind::kD2H,
-                          "save checkpoint", op.unit, op.mb));
-  return backend_.RecordEvent(act_saved_[set][mb], d2h);
+  if (!CheckpointOnNvme(op.unit)) {
+    PO_RETURN_IF_ERROR(Copy(QueueKind::kD2H, checkpoints_[static_cast<std::size_t>(op.unit)][mb],
+                            act_[set][mb], shape_.activation_bytes, SlideEngineKind::kD2H,
+                            "save checkpoint", op.unit, op.mb));
+    return backend_.RecordEvent(act_saved_[set][mb], d2h);
+  }
+  // Through a staging buffer to the drive: the tier writes it once the D2H's event fires.
+  const double wait_start = backend_.NowSeconds();
+  PO_ASSIGN_OR_RETURN(const CheckpointTier::Lent staging,
+                      checkpoint_tier_->AcquireForSave(op.unit, op.mb));
+  wait_seconds_ += backend_.NowSeconds() - wait_start;
+  PO_RETURN_IF_ERROR(Copy(QueueKind::kD2H, staging.data, act_[set][mb], shape_.activation_bytes,
+                          SlideEngineKind::kD2H, "save checkpoint (NVMe)", op.unit, op.mb));
+  PO_RETURN_IF_ERROR(backend_.RecordEvent(act_saved_[set][mb], d2h));
+  PO_RETURN_IF_ERROR(backend_.RecordEvent(staging.event, d2h));
+  return checkpoint_tier_->SaveEnqueued(staging.buffer);
 }
 
 absl::Status LayerSlidingEngineImpl::LoadCheckpoint(const SlideOp& op) {
@@ -181,11 +195,24 @@ absl::Status LayerSlidingEngineImpl::LoadCheckpoint(const SlideOp& op) {
   const int set = op.unit % 2;
   const auto mb = static_cast<std::size_t>(op.mb);
   PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(h2d, *act_reader_done_[set]));
-  PO_RETURN_IF_ERROR(Copy(QueueKind::kH2D, act_[set][mb],
-                          checkpoints_[static_cast<std::size_t>(op.unit)][mb],
-                          shape_.activation_bytes, SlideEngineKind::kH2D, "load checkpoint",
-                          op.unit, op.mb));
-  return backend_.RecordEvent(act_loaded_[set][mb], h2d);
+  if (!CheckpointOnNvme(op.unit)) {
+    PO_RETURN_IF_ERROR(Copy(QueueKind::kH2D, act_[set][mb],
+                            checkpoints_[static_cast<std::size_t>(op.unit)][mb],
+                            shape_.activation_bytes, SlideEngineKind::kH2D, "load checkpoint",
+                            op.unit, op.mb));
+    return backend_.RecordEvent(act_loaded_[set][mb], h2d);
+  }
+  // From the staging buffer the tier read it into; the buffer is free once the H2D's event
+  // fires.
+  const double wait_start = backend_.NowSeconds();
+  PO_ASSIGN_OR_RETURN(const CheckpointTier::Lent staging,
+                      checkpoint_tier_->AcquireLoaded(op.unit, op.mb));
+  wait_seconds_ += backend_.NowSeconds() - wait_start;
+  PO_RETURN_IF_ERROR(Copy(QueueKind::kH2D, act_[set][mb], staging.data, shape_.activation_bytes,
+                          SlideEngineKind::kH2D, "load checkpoint (NVMe)", op.unit, op.mb));
+  PO_RETURN_IF_ERROR(backend_.RecordEvent(act_loaded_[set][mb], h2d));
+  PO_RETURN_IF_ERROR(backend_.RecordEvent(staging.event, h2d));
+  return checkpoint_tier_->LoadEnqueued(staging.buffer);
 }
 
 absl::Status LayerSlidingEngineImpl::BeginGrads(const SlideOp& op) {

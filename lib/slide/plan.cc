@@ -70,6 +70,13 @@ absl::Status CheckOptions(const SlidingModelShape& shape, const SlidingOptions& 
   if (o.nvme_fraction > 0.0 && o.nvme_dir.empty()) {
     return bad("nvme_fraction", "needs nvme_dir");
   }
+  if (!(o.nvme_checkpoint_fraction >= 0.0 && o.nvme_checkpoint_fraction <= 1.0)) {
+    return bad("nvme_checkpoint_fraction",
+               absl::StrCat("must be in [0, 1], is ", o.nvme_checkpoint_fraction));
+  }
+  if (o.nvme_checkpoint_fraction > 0.0 && o.nvme_dir.empty()) {
+    return bad("nvme_checkpoint_fraction", "needs nvme_dir");
+  }
   if (!(o.timeout_seconds > 0.0)) return bad("timeout_seconds", "must be positive");
   if (!(o.max_grad_norm < 1e300)) return bad("max_grad_norm", "must be finite");
   // The Adam options must give a valid first step (each step's lr is checked again).
@@ -165,6 +172,14 @@ DeviceBytes CountDevice(const SlidingModelShape& shape, const SlidingOptions& o,
              Round(8 * (largest_own / kSumBlock + 2), kAlign) + 8 * kAlign;
   d.model = shape.model_device_bytes;
   return d;
+}
+
+// Describe()'s part on the checkpoints on NVMe, or nothing when there are none.
+std::string CheckpointsOnNvme(const std::vector<bool>& nvme_checkpoints, int staging) {
+  const auto units = std::count(nvme_checkpoints.begin(), nvme_checkpoints.end(), true);
+  if (units == 0) return std::string();
+  return absl::StrCat("; checkpoints of ", units, " units, staged through ", staging,
+                      " pinned buffers");
 }
 
 }  // namespace
@@ -328,10 +343,29 @@ absl::StatusOr<SlidingPlan> PlanSliding(const SlidingModelShape& shape,
     plan.host_pinned_bytes += park ? dtype * sliding_own
                                    : plan.landing_buffers * dtype * largest_sliding_own;
   }
-  int checkpointed = 0;
-  for (std::size_t u = 1; u + 2 < num_units; ++u) ++checkpointed;
-  plan.host_pinned_bytes += static_cast<std::int64_t>(checkpointed) * options.num_microbatches *
-                            shape.activation_bytes;
+  // Checkpoints (units 1 .. U-3): the lowest go to the drive first (saved first in the
+  // forward, loaded last in the backward: the most slack for a write and a read).
+  plan.nvme_checkpoints.assign(num_units, false);
+  const int checkpointed = std::max(0, static_cast<int>(num_units) - 3);
+  const int drive_units = static_cast<int>(
+      std::lround(options.nvme_checkpoint_fraction * static_cast<double>(checkpointed)));
+  for (int i = 0; i < drive_units; ++i) plan.nvme_checkpoints[static_cast<std::size_t>(1 + i)] = true;
+  const std::int64_t drive_checkpoints =
+      static_cast<std::int64_t>(drive_units) * options.num_microbatches;
+  plan.host_pinned_bytes += static_cast<std::int64_t>(checkpointed - drive_units) *
+                            options.num_microbatches * shape.activation_bytes;
+  // The staging ring: a drive checkpoint's load is consumed one per microbatch backward (the
+  // H2D of (u, mb) follows B(u+1, mb), program.h), so with K buffers a read has about K - 1
+  // microbatch backwards to land. 4 covers the GPU machine's drive: a Llama-3-8B checkpoint
+  // (16.8 MB at 2048 tokens) reads in ~10 ms at its 1.7 GB/s, 3 microbatch backwards take
+  // ~13 ms (docs/sliding.md); more buffers would not speed the forward's writes, which the
+  // drive's bandwidth bounds whatever the ring. Never more buffers than checkpoints.
+  constexpr std::int64_t kCheckpointStaging = 4;
+  plan.checkpoint_staging_buffers =
+      static_cast<int>(std::min<std::int64_t>(kCheckpointStaging, drive_checkpoints));
+  const std::int64_t staged_checkpoint = Round(shape.activation_bytes, kNvmeAlign);
+  plan.host_pinned_bytes += plan.checkpoint_staging_buffers * staged_checkpoint;
+  plan.nvme_bytes += drive_checkpoints * staged_checkpoint;
   plan.host_pinned_bytes += 4 * borrowed;  // a borrower's gradients for its owner
   // Two staging sets of m, v (and the low halves).
   plan.host_pinned_bytes += 2 * (2 * Round(4 * largest_nvme, kNvmeAlign) +
@@ -373,7 +407,9 @@ std::string SlidingPlan::Describe(const SlidingModelShape& shape) const {
                       : std::string(" (every sliding unit's gradients parked)"),
                   "; NVMe ", Gb(nvme_bytes), " (m, v",
                   shape.param_dtype == SlideDtype::kFp32 ? "" : ", masters' low halves", " of ",
-                  nvme_units, " units)\n");
+                  nvme_units, " units", CheckpointsOnNvme(nvme_checkpoints,
+                                                          checkpoint_staging_buffers),
+                  ")\n");
   return out;
 }
 

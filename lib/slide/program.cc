@@ -197,9 +197,14 @@ absl::StatusOr<SlideProgram> BuildSlideProgram(const SlidingModelShape& shape,
       }
     }
   }
-  // Checkpoint loads of unit u: right after B(u+2), the last reader of act[u % 2].
+  // Checkpoint loads of unit u: right after B(u+2), the last reader of act[u % 2]; those on
+  // the drive one by one after B(u+1, mb) instead (below).
+  auto on_drive = [&](int unit) {
+    return static_cast<int>(plan.nvme_checkpoints.size()) == num_units &&
+           IsCheckpointed(unit, num_units) && plan.nvme_checkpoints[static_cast<std::size_t>(unit)];
+  };
   for (int u = 1; u < num_units; ++u) {
-    if (!IsCheckpointed(u, num_units)) continue;
+    if (!IsCheckpointed(u, num_units) || on_drive(u)) continue;
     const int position = 2 * num_units - 3 - u;  // the index of use B(u+1)
     for (int mb = 0; mb < M; ++mb) {
       loads_at[static_cast<std::size_t>(position)].push_back(
@@ -232,6 +237,9 @@ absl::StatusOr<SlideProgram> BuildSlideProgram(const SlidingModelShape& shape,
     program.ops.push_back({SlideOpKind::kBeginGrads, use.unit, -1, slot, false});
     for (int mb = 0; mb < M; ++mb) {
       program.ops.push_back({SlideOpKind::kBackward, use.unit, mb, slot, false});
+      if (on_drive(use.unit - 1)) {
+        program.ops.push_back({SlideOpKind::kLoadCheckpoint, use.unit - 1, mb, -1, false});
+      }
     }
     program.ops.push_back({SlideOpKind::kFinishGrads, use.unit, -1, slot, false});
     if (slot >= 0) program.ops.push_back({SlideOpKind::kEndUse, use.unit, -1, slot, false});

@@ -17,7 +17,10 @@
 // grad[s][mb] the gradient of it. Unit u's input is checkpointed (saved D2H after F(u-1), loaded
 // back H2D before B(u)) for 1 <= u <= U-3; the inputs of units U-2 and U-1 are still on the device
 // when the backward begins. A load into act[s] is issued right after the backward use that last
-// read act[s] (B(u+2)), so it overlaps B(u+1).
+// read act[s] (B(u+2)), so it overlaps B(u+1). A checkpoint on the NVMe tier
+// (SlidingPlan::nvme_checkpoints) is loaded one microbatch at a time instead, (u, mb) right
+// after B(u+1, mb): its H2D waits on the host for a read from the drive, and issuing it after
+// that compute work is enqueued keeps the device busy while the engine thread waits.
 #ifndef PIPEOFFLOAD_LIB_SLIDE_PROGRAM_H_
 #define PIPEOFFLOAD_LIB_SLIDE_PROGRAM_H_
 

@@ -3,7 +3,7 @@
 // master's high half, its low half lives beside it) runs in CI. Against a reference written out
 // here, bitwise: masters, m, v, losses and norms over several steps, for all-sliding,
 // all-resident and mixed placements, with and without clipping, and with the NVMe tier (which
-// then holds the masters' low halves with m and v).
+// then holds the masters' low halves with m and v, and the activation checkpoints).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -312,6 +312,15 @@ TEST_CASE("bf16 sliding on the CPU backend: split masters equal the written-out 
   nvme.nvme_dir = dir.path();
   nvme.nvme_fraction = 1.0;
   RunCase("NVMe", nvme);
+  // The checkpoints (units 1 and 2) on the drive too, and alone, all sliding and clipped.
+  SlidingOptions checkpoints = nvme;
+  checkpoints.nvme_checkpoint_fraction = 1.0;
+  RunCase("NVMe state and checkpoints", checkpoints);
+  SlidingOptions only_checkpoints = all_sliding;
+  only_checkpoints.max_grad_norm = 0.05;
+  only_checkpoints.nvme_dir = dir.path();
+  only_checkpoints.nvme_checkpoint_fraction = 1.0;
+  RunCase("NVMe checkpoints only", only_checkpoints);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "pipeoffload/backend.h"
 #include "pipeoffload/layer_sliding.h"
 #include "tests/llama/cpu_test_models.h"
+#include "tests/slide/nvme_test_util.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
@@ -238,6 +239,40 @@ TEST_CASE("sliding equals the plain trainer bitwise with m, v on the NVMe tier",
   }
 }
 
+TEST_CASE("sliding equals the plain trainer bitwise with checkpoints on the NVMe tier",
+          "[slide][engine]") {
+  // 5 layers: checkpoints of units 1..4, M = 3: 6 or 12 on the drive through a ring of 4.
+  LlamaConfig c = SmallLlama(false, false);
+  c.num_layers = 5;
+  const testing::TestDir dir;
+  for (int slots : {1, 2, 3}) {
+    for (double state : {0.0, 1.0}) {
+      for (double checkpoints : {0.5, 1.0}) {
+        Case nvme{"slots " + std::to_string(slots) + ", m, v on NVMe " + std::to_string(state) +
+                      ", checkpoints on NVMe " + std::to_string(checkpoints),
+                  c, BaseOptions(3), {}};
+        nvme.options.num_slots = slots;
+        nvme.options.nvme_dir = dir.path();
+        nvme.options.nvme_fraction = state;
+        nvme.options.nvme_checkpoint_fraction = checkpoints;
+        nvme.options.max_grad_norm = slots == 2 ? 0.05 : 0.0;
+        nvme.options.placement = AllSliding(c);
+        RunAgainstPlain(nvme);
+      }
+    }
+  }
+  // Copy engines that stall at random, the planner's placement.
+  for (std::uint64_t seed : {3u, 4u}) {
+    Case delayed{"checkpoints on NVMe, delays seed " + std::to_string(seed), c, BaseOptions(3), {}};
+    delayed.backend.max_copy_delay_seconds = 0.002;
+    delayed.backend.fault_seed = seed;
+    delayed.options.nvme_dir = dir.path();
+    delayed.options.nvme_checkpoint_fraction = 1.0;
+    RunAgainstPlain(delayed);
+  }
+  CHECK(dir.Entries().empty());  // the engines' files were unlinked
+}
+
 TEST_CASE("sliding moves the bytes the program says", "[slide][engine]") {
   const LlamaConfig c = SmallLlama(false, false);
   const TokenData data = TokenData::Synthetic();
@@ -295,6 +330,43 @@ TEST_CASE("sliding moves the bytes the program says", "[slide][engine]") {
   CHECK(trace.find("\"cat\":\"CPU Adam\"") != std::string::npos);
   CHECK(trace.find("\"name\":\"upload layer.1\"") != std::string::npos);
   CHECK(trace.find("\"name\":\"F layer.2 mb1\"") != std::string::npos);
+
+  // Checkpoints on NVMe: the same PCIe bytes (through the staging ring), and each checkpoint on
+  // the drive written once and read once per step; the host pins the ring instead of them.
+  const testing::TestDir dir;
+  options.nvme_dir = dir.path();
+  options.nvme_checkpoint_fraction = 0.5;  // of units 1, 2: unit 1
+  absl::StatusOr<std::unique_ptr<LayerSlidingEngine>> drive =
+      LayerSlidingEngine::Create(**backend, **model, options);
+  INFO(drive.status().ToString());
+  REQUIRE(drive.ok());
+  const SlidingPlan& plan = (*drive)->plan();
+  CHECK(plan.nvme_checkpoints == std::vector<bool>{false, true, false, false, false});
+  REQUIRE(plan.checkpoint_staging_buffers == 2);  // min(4, 2 checkpoints)
+  REQUIRE(act % 4096 == 0);                       // whole O_DIRECT records
+  CHECK(plan.nvme_bytes == 2 * act);
+  // Unit 1's 2 checkpoints leave pinned memory, 2 staging buffers of one checkpoint each come.
+  const std::int64_t off_host = 2 * act, staging = 2 * act;
+  CHECK(plan.host_pinned_bytes == (*engine)->plan().host_pinned_bytes - off_host + staging);
+  for (int step = 0; step < 3; ++step) {
+    absl::StatusOr<SlidingStepResult> result = (*drive)->Step({1e-3f});
+    INFO(result.status().ToString());
+    REQUIRE(result.ok());
+    CHECK(result->h2d_bytes == program->upload_elements * 4 + checkpoints);
+    CHECK(result->d2h_bytes == params * 4 + checkpoints);
+    CHECK(result->nvme_checkpoint_bytes == 2 * 2 * act);
+    std::int64_t nvme_records = 0, nvme_bytes = 0;
+    for (const SlideRecord& record : result->records) {
+      if (record.engine != SlideEngineKind::kNvme) continue;
+      ++nvme_records;
+      nvme_bytes += record.bytes;
+      CHECK(record.unit == 1);
+    }
+    CHECK(nvme_records == 4);
+    CHECK(nvme_bytes == 4 * act);
+  }
+  CHECK((*engine)->setup_stats().nvme.empty());
+  CHECK((*drive)->setup_stats().nvme.find("checkpoints: ") == 0);
 }
 
 TEST_CASE("sliding refuses a budget too small for one unit before training", "[slide][engine]") {

@@ -192,6 +192,41 @@ TEST_CASE("PlanSliding parks gradients when clipping and puts the top units on N
         4 * 10000 + 4 * 10000 + 3 * 2 * 1024 + 2 * 2 * 8192 + 8 * 6);
 }
 
+TEST_CASE("PlanSliding puts the lowest checkpoints on NVMe and counts their staging ring",
+          "[slide][plan]") {
+  // 6 layers: checkpoints of units 1..5 (the inputs of layers 0..4), 3 KiB each, M = 3.
+  const SlidingModelShape shape = TestShape(6, 1000, 2000, 1000, false, 3072);
+  SlidingOptions options = Options(1 << 30, 3);
+  options.placement.assign(8, UnitPlace::kSliding);
+  const absl::StatusOr<SlidingPlan> host = PlanSliding(shape, options);
+  REQUIRE(host.ok());
+  CHECK(host->nvme_checkpoints == std::vector<bool>(8, false));
+  CHECK(host->checkpoint_staging_buffers == 0);
+  CHECK(host->host_pinned_bytes == 4 * 14000 + 3 * 4 * 2000 + 5 * 3 * 3072 + 8 * 8);
+  options.nvme_dir = "/only-planned";
+  options.nvme_checkpoint_fraction = 0.5;  // 2.5 of 5 rounds to 3: units 1, 2, 3
+  const absl::StatusOr<SlidingPlan> drive = PlanSliding(shape, options);
+  REQUIRE(drive.ok());
+  CHECK(drive->nvme_checkpoints ==
+        std::vector<bool>{false, true, true, true, false, false, false, false});
+  CHECK(drive->checkpoint_staging_buffers == 4);
+  // 9 checkpoints leave pinned memory; 4 staging buffers and 9 drive records of 4 KiB come.
+  CHECK(drive->host_pinned_bytes ==
+        4 * 14000 + 3 * 4 * 2000 + 2 * 3 * 3072 + 4 * 4096 + 8 * 8);
+  CHECK(drive->nvme_bytes == 9 * 4096);
+  CHECK(drive->host_pageable_bytes == host->host_pageable_bytes);
+  CHECK(drive->device_total_bytes == host->device_total_bytes);
+  const std::string described = drive->Describe(shape);
+  CHECK(described.find("checkpoints of 3 units, staged through 4 pinned buffers") !=
+        std::string::npos);
+  // A ring never has more buffers than there are checkpoints on the drive.
+  options.nvme_checkpoint_fraction = 0.2;  // 1 unit, 3 checkpoints
+  const absl::StatusOr<SlidingPlan> one = PlanSliding(shape, options);
+  REQUIRE(one.ok());
+  CHECK(one->checkpoint_staging_buffers == 3);
+  CHECK(one->nvme_bytes == 3 * 4096);
+}
+
 TEST_CASE("PlanSliding rejects bad options by name", "[slide][plan]") {
   const SlidingModelShape shape = TestShape(2, 100, 100, 100);
   auto code_and_field = [&](SlidingOptions options, std::string field) {
@@ -207,6 +242,12 @@ TEST_CASE("PlanSliding rejects bad options by name", "[slide][plan]") {
   nvme.nvme_fraction = 1.5;
   nvme.nvme_dir = "/tmp";
   code_and_field(nvme, "nvme_fraction");
+  SlidingOptions checkpoints = Options(1 << 20);
+  checkpoints.nvme_checkpoint_fraction = 0.5;
+  code_and_field(checkpoints, "nvme_checkpoint_fraction needs nvme_dir");
+  checkpoints.nvme_checkpoint_fraction = -0.5;
+  checkpoints.nvme_dir = "/tmp";
+  code_and_field(checkpoints, "nvme_checkpoint_fraction must be in [0, 1]");
   SlidingOptions placement = Options(1 << 20);
   placement.placement = {UnitPlace::kSliding};
   code_and_field(placement, "placement");

@@ -3,6 +3,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "lib/slide/program.h"
 #include "tests/slide/slide_test_shapes.h"
 #include "tests/testing/catch.h"
@@ -100,6 +101,12 @@ TEST_CASE("BuildSlideProgram keeps every invariant over generated shapes and pla
                   if (rng() % 3 == 0) plan.placement[u] = UnitPlace::kResident;
                 }
                 if (tied) plan.placement.back() = plan.placement[0];
+                // Random checkpoints on NVMe (loaded one microbatch at a time).
+                const int num_units = static_cast<int>(shape.units.size());
+                for (int u = 0; u < num_units; ++u) {
+                  plan.nvme_checkpoints[static_cast<std::size_t>(u)] =
+                      internal::IsCheckpointed(u, num_units) && rng() % 2 == 0;
+                }
                 SlideProgramOptions options;
                 options.num_microbatches = M;
                 options.upload_distance = distance;
@@ -126,6 +133,41 @@ TEST_CASE("BuildSlideProgram keeps every invariant over generated shapes and pla
     }
   }
   CHECK(checked > 1000);
+}
+
+TEST_CASE("BuildSlideProgram loads a checkpoint on NVMe after the backward of its microbatch "
+          "above", "[slide][program]") {
+  // embed, 4 layers, head: checkpoints of units 1..3; the lowest two on the drive.
+  const SlidingModelShape shape = TestShape(4, 100, 100, 100);
+  SlidingOptions options;
+  options.gpu_memory_budget_bytes = std::int64_t{1} << 40;
+  options.num_microbatches = 2;
+  options.placement.assign(shape.units.size(), UnitPlace::kSliding);
+  options.nvme_dir = "/only-planned";
+  options.nvme_checkpoint_fraction = 0.6;  // 2 of 3
+  const absl::StatusOr<SlidingPlan> plan = PlanSliding(shape, options);
+  REQUIRE(plan.ok());
+  CHECK(plan->nvme_checkpoints == std::vector<bool>{false, true, true, false, false, false});
+  SlideProgramOptions program_options;
+  program_options.num_microbatches = 2;
+  const absl::StatusOr<SlideProgram> program = BuildSlideProgram(shape, *plan, program_options);
+  REQUIRE(program.ok());
+  REQUIRE(CheckSlideProgram(shape, *plan, 2, *program).ok());
+  std::vector<std::string> loads;  // each load with the op before it
+  for (std::size_t i = 1; i < program->ops.size(); ++i) {
+    const SlideOp& op = program->ops[i];
+    if (op.kind != SlideOpKind::kLoadCheckpoint) continue;
+    const SlideOp& before = program->ops[i - 1];
+    loads.push_back(absl::StrCat("u", op.unit, " mb", op.mb, " after ",
+                                 std::string(internal::SlideOpKindName(before.kind)), " u",
+                                 before.unit, " mb", before.mb));
+  }
+  // Unit 3 (host) right after B(5)'s hand-over, both microbatches together; units 2 and 1
+  // (drive) each right after the backward of the same microbatch one unit up.
+  CHECK(loads == std::vector<std::string>{
+                     "u3 mb0 after grads_out u5 mb-1", "u3 mb1 after load_ckpt u3 mb0",
+                     "u2 mb0 after backward u3 mb0", "u2 mb1 after backward u3 mb1",
+                     "u1 mb0 after backward u2 mb0", "u1 mb1 after backward u2 mb1"});
 }
 
 TEST_CASE("BuildSlideProgram uploads each unit once when the ring holds the whole model",
