@@ -193,6 +193,11 @@ const std::vector<FlagDef>& Flags() {
       {"nvme-fraction", "X", "share of the sliding units whose state lives on NVMe, the top ones "
                              "first (default 0; needs --nvme-dir).",
        Real(&SlideTrainOptions::nvme_fraction, "nvme-fraction", 0.0, 1.0)},
+      {"nvme-checkpoints", "X", "share of the checkpointed layers whose activation checkpoints "
+                                "(M per layer) live on NVMe instead of pinned host memory, the "
+                                "lowest first, staged through up to 4 pinned buffers (default 0; "
+                                "needs --nvme-dir).",
+       Real(&SlideTrainOptions::nvme_checkpoints, "nvme-checkpoints", 0.0, 1.0)},
       {"cpu-threads", "N", "CPU Adam threads (default: every CPU but one, which issues the device work).",
        Int(&SlideTrainOptions::cpu_threads, "cpu-threads", 1, 1024)},
       {"ce-chunk", "ROWS", "rows per chunk of the fused linear cross-entropy (default: "
@@ -235,9 +240,13 @@ absl::StatusOr<SlideTrainOptions> ParseSlideTrainOptions(const std::vector<std::
   if (o.nvme_fraction > 0.0 && o.nvme_dir.empty()) {
     return absl::InvalidArgumentError("--nvme-fraction needs --nvme-dir");
   }
-  if (!o.nvme_dir.empty() && o.nvme_fraction == 0.0) {
+  if (o.nvme_checkpoints > 0.0 && o.nvme_dir.empty()) {
+    return absl::InvalidArgumentError("--nvme-checkpoints needs --nvme-dir");
+  }
+  if (!o.nvme_dir.empty() && o.nvme_fraction == 0.0 && o.nvme_checkpoints == 0.0) {
     return absl::InvalidArgumentError(
-        "--nvme-dir needs --nvme-fraction X > 0 (the share of layers whose m, v go there)");
+        "--nvme-dir needs --nvme-fraction X > 0 (the share of layers whose m, v go there) or "
+        "--nvme-checkpoints X > 0 (the share of layers whose checkpoints go there)");
   }
   if (o.min_lr < 0.0f) o.min_lr = o.lr / 10.0f;
   if (o.min_lr > o.lr) {
@@ -270,6 +279,8 @@ std::string SlideTrainHelpText() {
       "  slide_train --model llama3-8b --gpu-memory-budget 24GiB --seq 2048 --batch 1 \\\n"
       "              --microbatches 8 --steps 10 --clip 0\n"
       "  slide_train --model llama3-8b --gpu-memory-budget 24GiB --dry-run\n"
+      "  slide_train --model llama3-8b --gpu-memory-budget 24GiB --nvme-dir /mnt/nvme \\\n"
+      "              --nvme-checkpoints 1 --dry-run      # checkpoints on the drive\n"
       "  slide_train --load ./my-llama --data tokens.bin --data-format u32 --save ./tuned\n";
   return text;
 }

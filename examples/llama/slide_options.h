@@ -55,6 +55,7 @@ struct SlideTrainOptions {
   std::int64_t grad_chunk = std::int64_t{1} << 25;
   std::string nvme_dir;
   double nvme_fraction = 0.0;
+  double nvme_checkpoints = 0.0;  // SlidingOptions::nvme_checkpoint_fraction
   int cpu_threads = 0;  // CPU Adam threads, 0: every CPU this process may use
   int ce_chunk_rows = 0;
 

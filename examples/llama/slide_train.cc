@@ -175,7 +175,8 @@ void PrintEstimate(const SlideTrainOptions& o, const LlamaConfig& config,
   const double h2d = (upload * dtype / 2 + checkpoints) / (o.assume_pcie_gbps * 1e9);
   const double d2h = (sliding_params * dtype + checkpoints) / (o.assume_pcie_gbps * 1e9);
   const double cpu = sliding_params / (o.assume_cpu_adam_gparams * 1e9);
-  // Every step reads and writes back all of the tier's m, v, on one drive.
+  // Every step reads and writes back all of the tier's m, v and writes and reads back each of
+  // its checkpoints once, on one drive.
   const double drive =
       nvme.has_value() && plan.nvme_bytes > 0
           ? plan.nvme_bytes / (nvme->read_gb_per_s * 1e9) + plan.nvme_bytes / (nvme->write_gb_per_s * 1e9)
@@ -188,8 +189,8 @@ void PrintEstimate(const SlideTrainOptions& o, const LlamaConfig& config,
       "TFLOP/s\n",
       gpu, (model_flops + recompute) / 1e12, o.assume_tflops, h2d, d2h, cpu,
       sliding_params / 1e9, o.assume_cpu_adam_gparams,
-      drive > 0.0 ? absl::StrFormat(", NVMe %.3f s (%s of m, v each way)", drive,
-                                    Gib(plan.nvme_bytes))
+      drive > 0.0 ? absl::StrFormat(", NVMe %.3f s (%s of state and checkpoints each way)",
+                                    drive, Gib(plan.nvme_bytes))
                   : std::string(),
       step, tokens / step, model_flops / step / 1e12);
 }
@@ -209,6 +210,9 @@ std::string StepLine(std::int64_t step, std::int64_t steps, double loss, float l
   }
   absl::StrAppendFormat(&line, " | host %.2f GiB (peak %.2f) | cpu adam %.2f s, waits %.2f s",
                         rss / kGiB, hwm / kGiB, r.cpu_adam_seconds, r.gpu_wait_seconds);
+  if (r.nvme_checkpoint_bytes > 0) {
+    absl::StrAppend(&line, " | NVMe checkpoints ", Gib(r.nvme_checkpoint_bytes));
+  }
   return line;
 }
 
@@ -333,6 +337,7 @@ absl::StatusOr<SlideTrainSummary> RunSlideTrain(const SlideTrainOptions& o, std:
   sliding.landing_buffers = o.landing_buffers;
   sliding.nvme_dir = o.nvme_dir;
   sliding.nvme_fraction = o.nvme_fraction;
+  sliding.nvme_checkpoint_fraction = o.nvme_checkpoints;
   sliding.record_trace = !o.trace_path.empty();
 
   PO_ASSIGN_OR_RETURN(const SlidingPlan plan, PlanSliding(shape, sliding));
@@ -431,13 +436,14 @@ absl::StatusOr<SlideTrainSummary> RunSlideTrain(const SlideTrainOptions& o, std:
         "{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%d,\"seq\":%d,\"microbatches\":%d,"
         "\"tokens_per_step\":%.0f,\"budget_bytes\":%d,\"resident\":\"%s\",\"resident_units\":%d,"
         "\"slots\":%d,\"update_timing\":\"%s\",\"clip\":%g,\"nvme_fraction\":%g,"
+        "\"nvme_checkpoints\":%g,"
         "\"median_step_s\":%.6f,\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,"
         "\"device_peak_bytes\":%d,\"host_peak_bytes\":%d,\"first_loss\":%.6f,\"last_loss\":%.6f,"
         "\"setup_s\":%.2f,\"pin_s\":%.2f,\"pinned_bytes\":%d,\"pageable_bytes\":%d}\n",
         config.name, cuda ? "cuda" : "cpu", o.batch, o.seq, o.microbatches, tokens, budget,
         o.resident, plan.resident_units(), static_cast<int>(plan.slot_elements.size()),
         o.update_timing == UpdateTiming::kOverlapped ? "overlapped" : "after-backward", o.clip,
-        o.nvme_fraction, summary.median_step_seconds, summary.tokens_per_second,
+        o.nvme_fraction, o.nvme_checkpoints, summary.median_step_seconds, summary.tokens_per_second,
         summary.model_tflops, summary.device_peak_bytes, summary.host_peak_bytes,
         summary.losses.front(), summary.losses.back(), setup.seconds, setup.pin_seconds,
         setup.pinned_bytes, setup.pageable_bytes);

@@ -30,6 +30,7 @@
 #include "examples/llama/slide_device.h"
 #include "examples/llama/slide_options.h"
 #include "tests/llama/io_test_util.h"
+#include "tests/slide/nvme_test_util.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload::llama {
@@ -186,6 +187,8 @@ std::vector<FlagCase> FlagCases() {
        [](const O& o) { return o.nvme_dir == "/x/nvme"; }},
       {{"--nvme-fraction", "0.25", "--nvme-dir", "/x/nvme"},
        [](const O& o) { return o.nvme_fraction == 0.25; }},
+      {{"--nvme-checkpoints", "0.5", "--nvme-dir", "/x/nvme"},
+       [](const O& o) { return o.nvme_checkpoints == 0.5; }},
       {{"--cpu-threads", "3"}, [](const O& o) { return o.cpu_threads == 3; }},
       {{"--ce-chunk", "16"}, [](const O& o) { return o.ce_chunk_rows == 16; }},
       {{"--dry-run"}, [](const O& o) { return o.dry_run; }},
@@ -263,7 +266,7 @@ TEST_CASE("slide_train: the help's example command lines parse", "[llama][slide_
     }
     continued = continues;
   }
-  CHECK(commands.size() == 4);
+  CHECK(commands.size() == 5);
   for (const std::string& command : commands) {
     const Args args = absl::StrSplit(command, ' ', absl::SkipWhitespace());
     Parse(args);
@@ -304,7 +307,10 @@ TEST_CASE("slide_train: bad command lines are InvalidArgument naming the flag",
       {{"--nvme-fraction", "1.5"}, {"--nvme-fraction", "'1.5'"}},
       {{"--nvme-fraction", "-0.1"}, {"--nvme-fraction", "'-0.1'"}},
       {{"--nvme-fraction", "0.5"}, {"--nvme-fraction needs --nvme-dir"}},
-      {{"--nvme-dir", "/tmp"}, {"--nvme-dir needs --nvme-fraction"}},
+      {{"--nvme-dir", "/tmp"}, {"--nvme-dir needs --nvme-fraction", "or --nvme-checkpoints"}},
+      {{"--nvme-checkpoints", "0.5"}, {"--nvme-checkpoints needs --nvme-dir"}},
+      {{"--nvme-checkpoints", "1.5", "--nvme-dir", "/tmp"}, {"--nvme-checkpoints", "'1.5'"}},
+      {{"--nvme-checkpoints", "-1", "--nvme-dir", "/tmp"}, {"--nvme-checkpoints", "'-1'"}},
       {{"--gpu-memory-budget", "0"}, {"--gpu-memory-budget", "'0'"}},
       {{"--gpu-memory-budget", "-5GiB"}, {"--gpu-memory-budget", "'-5Gi'"}},
       {{"--gpu-memory-budget", "lots"}, {"--gpu-memory-budget", "'lots'"}},
@@ -337,6 +343,8 @@ TEST_CASE("slide_train: bad command lines are InvalidArgument naming the flag",
   CHECK(Parse({"--lr", "0"}).min_lr == 0.0f);
   CHECK(Parse({"--steps", "3", "--warmup-steps", "3"}).warmup_steps == 3);
   CHECK(Parse({"--nvme-fraction", "0", "--lr", "1e-3", "--min-lr", "1e-3"}).min_lr == 1e-3f);
+  // Checkpoints alone on the drive (m, v on the host) are a use of --nvme-dir.
+  CHECK(Parse({"--nvme-dir", "/tmp", "--nvme-checkpoints", "1"}).nvme_fraction == 0.0);
   CHECK(Parse({"--gpu-memory-budget", "24Gi"}).gpu_memory_budget == std::int64_t{24} << 30);
   CHECK(Parse({"--gpu-memory-budget", "3M"}).gpu_memory_budget == 3'000'000);
   CHECK(Parse({"--gpu-memory-budget", "4096"}).gpu_memory_budget == 4096);
@@ -681,6 +689,42 @@ TEST_CASE("slide_train: --data reads a uint16 token file; bad data fails before 
   CheckError(
       RunArgs(Small({"--data", dir.File("odd.bin"), "--data-format", "u16"})).summary.status(),
       absl::StatusCode::kInvalidArgument, {dir.File("odd.bin"), "not a whole number"});
+}
+
+TEST_CASE("slide_train: --nvme-checkpoints trains the same losses with the checkpoints on the "
+          "drive", "[llama][slide_train]") {
+  // A directory under the build tree (not a tmpfs: O_DIRECT), as the NVMe tests use.
+  const pipeoffload::testing::TestDir nvme;
+  const Args host = Small({"--steps", "3", "--lr", "3e-3", "--microbatches", "2"});
+  Args drive = host;
+  drive.insert(drive.end(), {"--nvme-dir", nvme.path(), "--nvme-checkpoints", "1"});
+  std::string out;
+  const SlideTrainSummary on_host = Train(host);
+  const SlideTrainSummary on_drive = Train(drive, &out);
+  INFO("output:\n" << out);
+  CHECK(on_drive.losses == on_host.losses);
+  // The tiny model's 3 checkpointed layers, 2 microbatches each, of 1 x 32 x 64 fp32 (8 KiB):
+  // 6 records written and read back each step.
+  CHECK(LinesStartingWith(out, "nvme: ").size() == 1);
+  CHECK(LinesStartingWith(out, "host: ").size() == 1);
+  CHECK(Contains(LinesStartingWith(out, "host: ")[0],
+                 "checkpoints of 3 units, staged through 4 pinned buffers"));
+  const std::vector<std::string> steps = LinesStartingWith(out, "step ");
+  REQUIRE(steps.size() == 3);
+  for (const std::string& step : steps) CHECK(Contains(step, " | NVMe checkpoints 0.0938 MiB"));
+  CHECK(Contains(out, "NVMe: checkpoints: "));
+  CHECK(nvme.Entries().empty());  // the files were unlinked
+  // The dry run counts the drive in its prediction.
+  Args dry = drive;
+  dry.push_back("--dry-run");
+  Train(dry, &out);
+  CHECK(Contains(out, "of state and checkpoints each way"));
+  // A directory that is not there fails before training.
+  Args missing = host;
+  missing.insert(missing.end(), {"--nvme-dir", nvme.path() + "/absent", "--nvme-checkpoints", "1"});
+  const Run failed = RunArgs(missing);
+  CheckError(failed.summary.status(), absl::StatusCode::kNotFound, {nvme.path() + "/absent"});
+  CheckTrainedNothing(failed.out);
 }
 
 TEST_CASE("slide_train: a missing --config file is an error naming it", "[llama][slide_train]") {
