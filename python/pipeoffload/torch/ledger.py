@@ -1,0 +1,166 @@
+"""Where every stash entry of one iteration is: the bookkeeping of offloaded microbatches, with
+no torch in it, so it runs (and is tested) anywhere. The torch offloader drives one
+StashLedger beside its tensors; replay() runs a plan through one to predict memory.
+
+Invariants (the tests check these sentences):
+  - An entry (stage, chunk, mb) moves NEW -> DEVICE (F) -> COPYING_OUT (OFFLOAD) -> ON_HOST
+    (RELEASE) -> RELOADED (RELOAD) -> BACKWARD_DONE (B, split backward only) -> FREED (B, or W
+    when split); an entry that is not offloaded goes DEVICE -> [BACKWARD_DONE ->] FREED. Any
+    other move raises PlanError naming the entry, the op and the state it was in.
+  - Device residency: an entry counts from F until RELEASE and from RELOAD until it is freed
+    (B, or W when split), as the compiler counts its stash peak (peak_units, simulate.h).
+    RELEASE drops the device copy without waiting; the memory comes back once the D2H copy has
+    finished, which the runtime, not the ledger, enforces.
+  - Host residency: an entry holds its host buffers from OFFLOAD until its B, which runs only
+    after the reload's H2D copy (the last use of those buffers) has been waited for.
+  - At the end of an iteration every entry is FREED (finish() raises otherwise).
+"""
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from .plan import PlanError
+
+NEW, DEVICE, COPYING_OUT, ON_HOST, RELOADED, BACKWARD_DONE, FREED = (
+    "NEW", "DEVICE", "COPYING_OUT", "ON_HOST", "RELOADED", "BACKWARD_DONE", "FREED")
+
+# op -> {state before: state after}; B's target depends on split backward (see StashLedger.apply).
+_MOVES = {
+    "F": {NEW: DEVICE},
+    "OFFLOAD": {DEVICE: COPYING_OUT},
+    "RELEASE": {COPYING_OUT: ON_HOST},
+    "RELOAD": {ON_HOST: RELOADED},
+    "B": {DEVICE: FREED, RELOADED: FREED},
+    "W": {BACKWARD_DONE: FREED},
+}
+_ON_DEVICE = (DEVICE, COPYING_OUT, RELOADED, BACKWARD_DONE)
+_ON_HOST = (COPYING_OUT, ON_HOST, RELOADED)
+
+
+@dataclasses.dataclass
+class Usage:
+    """Resident entries (units) and bytes, now and at their peak."""
+    units: int = 0
+    bytes: int = 0
+    peak_units: int = 0
+    peak_bytes: int = 0
+
+    def add(self, units, nbytes):
+        self.units += units
+        self.bytes += nbytes
+        self.peak_units = max(self.peak_units, self.units)
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+
+class StashLedger:
+    """The state of each stash entry of one iteration and the device / host usage it implies,
+    per stage and for the whole process. `entry_bytes(key)` gives an entry's bytes (default 1
+    per entry: usage then counts units twice over, once as bytes)."""
+
+    def __init__(self, split_backward: bool, entry_bytes=None):
+        self.split_backward = split_backward
+        self._entry_bytes = entry_bytes or (lambda key: 1)
+        self.state: Dict[Tuple[int, int, int], str] = collections.defaultdict(lambda: NEW)
+        self.device: Dict[int, Usage] = collections.defaultdict(Usage)
+        self.host: Dict[int, Usage] = collections.defaultdict(Usage)
+        self.device_total = Usage()
+        self.host_total = Usage()
+
+    def apply(self, kind: str, key: Tuple[int, int, int]) -> str:
+        """Moves entry `key` = (stage, chunk, mb) by op `kind` (F, OFFLOAD, RELEASE, RELOAD, B,
+        W) and returns its new state. PlanError for a move the invariants forbid."""
+        before = self.state[key]
+        moves = _MOVES.get(kind)
+        if moves is None:
+            raise PlanError(f"ledger: {kind} is not a stash op")
+        after = moves.get(before)
+        if after is None:
+            stage, chunk, mb = key
+            raise PlanError(f"stage {stage}: {kind} of (mb {mb}, chunk {chunk}) while the entry "
+                            f"is {before}; {kind} needs it {' or '.join(moves)}")
+        if kind == "B" and self.split_backward:
+            after = BACKWARD_DONE
+        self._account(key, before, after)
+        self.state[key] = after
+        return after
+
+    def _account(self, key, before, after):
+        nbytes = self._entry_bytes(key)
+        stage = key[0]
+        device_change = (after in _ON_DEVICE) - (before in _ON_DEVICE)
+        host_change = (after in _ON_HOST) - (before in _ON_HOST)
+        if device_change:
+            self.device[stage].add(device_change, device_change * nbytes)
+            self.device_total.add(device_change, device_change * nbytes)
+        if host_change:
+            self.host[stage].add(host_change, host_change * nbytes)
+            self.host_total.add(host_change, host_change * nbytes)
+
+    def entries_in(self, state: str) -> List[Tuple[int, int, int]]:
+        return sorted(key for key, value in self.state.items() if value == state)
+
+    def finish(self):
+        """PlanError unless every entry that started was freed (end of an iteration)."""
+        left = sorted(key for key, value in self.state.items() if value != FREED)
+        if left:
+            stage, chunk, mb = left[0]
+            raise PlanError(f"{len(left)} stash entries are not freed at the end of the "
+                            f"iteration (first: stage {stage}, mb {mb}, chunk {chunk}, "
+                            f"{self.state[left[0]]})")
+
+
+@dataclasses.dataclass
+class Replay:
+    """What a plan does to memory when its ops run in `order`."""
+    device: Dict[int, Usage]    # per stage
+    host: Dict[int, Usage]
+    device_total: Usage         # all stages of one process together
+    host_total: Usage
+    # Host buffers of each size in use at once, at most (a pool that reuses a buffer once its
+    # reload is done allocates exactly this many).
+    host_buffers_peak: Dict[int, int]
+
+
+def replay(plan, order=None, entry_sizes=None) -> Replay:
+    """Runs `order` (default: plan.single_process_order()) through a StashLedger. entry_sizes
+    maps (stage, chunk, mb) to the byte sizes of the tensors the entry saves (default: one
+    tensor of 1 byte per entry, so bytes count units)."""
+    sizes = entry_sizes if entry_sizes is not None else {}
+
+    def tensors(key):
+        return sizes.get(key, (1,))
+
+    ledger = StashLedger(plan.split_backward, entry_bytes=lambda key: sum(tensors(key)))
+    in_use = collections.Counter()
+    buffers_peak = collections.Counter()
+    for action in (order if order is not None else plan.single_process_order()):
+        if action.kind not in _MOVES:
+            continue
+        before = ledger.state[action.key]
+        ledger.apply(action.kind, action.key)
+        if action.kind == "OFFLOAD":
+            for size in tensors(action.key):
+                in_use[size] += 1
+                buffers_peak[size] = max(buffers_peak[size], in_use[size])
+        elif action.kind == "B" and before == RELOADED:
+            for size in tensors(action.key):
+                in_use[size] -= 1
+    ledger.finish()
+    return Replay(dict(ledger.device), dict(ledger.host), ledger.device_total,
+                  ledger.host_total, dict(buffers_peak))
+
+
+def predicted_stage_peaks(plan) -> List[int]:
+    """Peak resident entries per stage when each stage runs its own program (the compiler's
+    peak_units): a stage's peak does not depend on how stages interleave."""
+    result = replay(plan)
+    return [result.device[d].peak_units if d in result.device else 0
+            for d in range(plan.num_stages)]
+
+
+def peak_without_offload(plan, entry_sizes=None, order: Optional[list] = None) -> Replay:
+    """replay() of the same plan with every OFFLOAD / RELEASE / RELOAD dropped: the memory the
+    same compute order needs without offload."""
+    ops = order if order is not None else plan.single_process_order()
+    return replay(plan, [a for a in ops if a.kind not in ("OFFLOAD", "RELEASE", "RELOAD")],
+                  entry_sizes)
