@@ -407,9 +407,8 @@ std::string SlidingPlan::Describe(const SlidingModelShape& shape) const {
                       : std::string(" (every sliding unit's gradients parked)"),
                   "; NVMe ", Gb(nvme_bytes), " (m, v",
                   shape.param_dtype == SlideDtype::kFp32 ? "" : ", masters' low halves", " of ",
-                  nvme_units, " units", CheckpointsOnNvme(nvme_checkpoints,
-                                                          checkpoint_staging_buffers),
-                  ")\n");
+                  nvme_units, " units",
+                  CheckpointsOnNvme(nvme_checkpoints, checkpoint_staging_buffers), ")\n");
   return out;
 }
 
