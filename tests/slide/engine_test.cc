@@ -369,14 +369,19 @@ TEST_CASE("sliding moves the bytes the program says", "[slide][engine]") {
   CHECK((*drive)->setup_stats().nvme.find("checkpoints: ") == 0);
 }
 
-TEST_CASE("sliding refuses a missing or read-only directory for checkpoints on NVMe at Create",
-          "[slide][engine]") {
-  const LlamaConfig c = SmallLlama(false, false);
-  const TokenData data = TokenData::Synthetic();
+// The small Llama with tokens for one microbatch of 16, for the error cases.
+std::unique_ptr<LlamaCpuModel> OneMicrobatchModel() {
   LlamaCpuModelOptions model_options;
   model_options.seq_len = 16;
-  absl::StatusOr<std::unique_ptr<LlamaCpuModel>> model = LlamaCpuModel::Create(c, data, model_options);
+  absl::StatusOr<std::unique_ptr<LlamaCpuModel>> model =
+      LlamaCpuModel::Create(SmallLlama(false, false), TokenData::Synthetic(), model_options);
   REQUIRE(model.ok());
+  return *std::move(model);
+}
+
+TEST_CASE("sliding refuses a missing or read-only directory for checkpoints on NVMe at Create",
+          "[slide][engine]") {
+  const std::unique_ptr<LlamaCpuModel> model = OneMicrobatchModel();
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
   REQUIRE(backend.ok());
   const testing::TestDir dir;
@@ -384,33 +389,28 @@ TEST_CASE("sliding refuses a missing or read-only directory for checkpoints on N
   options.gpu_memory_budget_bytes = std::int64_t{1} << 30;
   options.nvme_checkpoint_fraction = 1.0;
   options.nvme_dir = dir.path() + "/absent";
-  const absl::Status missing = LayerSlidingEngine::Create(**backend, **model, options).status();
+  const absl::Status missing = LayerSlidingEngine::Create(**backend, *model, options).status();
   CHECK(missing.code() == absl::StatusCode::kNotFound);
   CHECK(std::string(missing.message()).find("the NVMe checkpoint tier (--nvme-dir)") !=
         std::string::npos);
   options.nvme_dir = "/proc/self";
-  const absl::Status read_only = LayerSlidingEngine::Create(**backend, **model, options).status();
+  const absl::Status read_only = LayerSlidingEngine::Create(**backend, *model, options).status();
   CHECK(read_only.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(std::string(read_only.message()).find("read-only or not writable") != std::string::npos);
   // The directory is left as it was; a good one then works.
   CHECK(dir.Entries().empty());
   options.nvme_dir = dir.path();
-  CHECK(LayerSlidingEngine::Create(**backend, **model, options).ok());
+  CHECK(LayerSlidingEngine::Create(**backend, *model, options).ok());
 }
 
 TEST_CASE("sliding refuses a budget too small for one unit before training", "[slide][engine]") {
-  const LlamaConfig c = SmallLlama(false, false);
-  const TokenData data = TokenData::Synthetic();
-  LlamaCpuModelOptions model_options;
-  model_options.seq_len = 16;
-  absl::StatusOr<std::unique_ptr<LlamaCpuModel>> model = LlamaCpuModel::Create(c, data, model_options);
-  REQUIRE(model.ok());
+  const std::unique_ptr<LlamaCpuModel> model = OneMicrobatchModel();
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
   REQUIRE(backend.ok());
   SlidingOptions options = BaseOptions(1);
   options.gpu_memory_budget_bytes = 4096;
   const absl::StatusOr<std::unique_ptr<LayerSlidingEngine>> engine =
-      LayerSlidingEngine::Create(**backend, **model, options);
+      LayerSlidingEngine::Create(**backend, *model, options);
   REQUIRE(engine.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(std::string(engine.status().message()).find("the minimum, with one slot, is") !=
         std::string::npos);
@@ -418,7 +418,7 @@ TEST_CASE("sliding refuses a budget too small for one unit before training", "[s
   options.gpu_memory_budget_bytes = std::int64_t{1} << 30;
   options.num_microbatches = 2;  // the model holds tokens for 1: its BeginStep refuses 2
   absl::StatusOr<std::unique_ptr<LayerSlidingEngine>> bad =
-      LayerSlidingEngine::Create(**backend, **model, options);
+      LayerSlidingEngine::Create(**backend, *model, options);
   REQUIRE(bad.ok());
   const absl::StatusOr<SlidingStepResult> step = (*bad)->Step({1e-3f});
   REQUIRE(!step.ok());
