@@ -4,11 +4,16 @@
 #     #!/usr/bin/env bash
 #     # binaries: gpu_tests copy_bench
 # and which reads $BUILD (the packed build, paths as in the build dir) and writes its outputs to
-# $LOG (a folder of its own).
+# $LOG (a folder of its own). A job may also name shared libraries by CMake target or file name:
+#     # libraries: po_c_api
+# (po_c_api is libpipeoffload_c.so); --pack copies each into DEST/lib with every dependency ldd
+# resolves outside the system's C and C++ runtime (the libabsl_* .so files the GPU machine lacks),
+# and the run side puts DEST/lib on LD_LIBRARY_PATH.
 #
 #   scripts/device_batch.sh --pack BUILD_DIR DEST JOB.sh [JOB.sh ...]     (on the build machine)
 #       copies CMakeCache.txt, every CTestTestfile.cmake, the named executables (stripped of debug
-#       info) and the job scripts into DEST; carry DEST to the GPU machine.
+#       info), the named libraries with their dependencies (DEST/lib) and the job scripts into
+#       DEST; carry DEST to the GPU machine.
 #   scripts/device_batch.sh DEST [--budget SECONDS]                       (on the GPU machine)
 #       runs every job in DEST/jobs in name order, each under `timeout` (default 120 s, or the
 #       job's "# seconds: N" line), with stdout+stderr in $LOG/run.log, then packs every job's
@@ -17,6 +22,37 @@
 # Exit status: 0 when every job exited 0.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+
+# The C and C++ runtime every machine has: never packed (a copy could clash with its loader).
+system_library='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so'
+
+# pack_library BUILD_DIR LIB_DIR NAME: NAME is a CMake target (its file from lib<NAME>.so in the
+# build, or po_c_api -> libpipeoffload_c.so) or a file name; copies it (stripped, under its
+# soname too) and its non-system dependencies into LIB_DIR.
+pack_library() {
+  local src=$1 lib_dir=$2 name=$3 file
+  case "$name" in
+    po_c_api) name=libpipeoffload_c.so ;;
+    lib*.so*) ;;
+    *) name=lib$name.so ;;
+  esac
+  file=$(cd "$src" && find . -name "$name" -not -path '*/CMakeFiles/*' | head -1)
+  [[ -n "$file" ]] || return 1
+  mkdir -p "$lib_dir"
+  local real
+  real=$(readlink -f "$src/$file")
+  strip --strip-debug -o "$lib_dir/$(basename "$real")" "$real"
+  local soname
+  soname=$(objdump -p "$real" 2>/dev/null | awk '/SONAME/ {print $2}')
+  # Copies, not symlinks: the device tool's transfers may not keep links.
+  for link in "$name" $soname; do
+    [[ "$link" == "$(basename "$real")" ]] || cp "$lib_dir/$(basename "$real")" "$lib_dir/$link"
+  done
+  ldd "$real" | awk '/=> \// {print $1, $3}' | while read -r dep path; do
+    [[ "$dep" =~ $system_library ]] && continue
+    cp -L "$path" "$lib_dir/$dep"
+  done
+}
 
 if [[ "${1:-}" == "--pack" ]]; then
   if [[ $# -lt 4 || ! -f "$2/CMakeCache.txt" ]]; then
@@ -46,6 +82,12 @@ if [[ "${1:-}" == "--pack" ]]; then
       [[ $found -eq 1 ]] || echo "device_batch: $(basename "$job"): no executable '$name' in $src" >&2
     done
   done
+  for job in "$@"; do
+    read -r -a names < <(sed -n 's/^# libraries://p' "$job" | head -1)
+    for name in "${names[@]}"; do
+      pack_library "$src" "$dest/lib" "$name" || echo "device_batch: $(basename "$job"): no library '$name' in $src" >&2
+    done
+  done
   du -sh "$dest"
   exit 0
 fi
@@ -59,6 +101,8 @@ out=${OUT:-$PWD/device-logs}
 mkdir -p "$out"
 results=$(mktemp -d)
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Libraries packed for the jobs (# libraries:) come first on the loader's path.
+[[ -d "$pack/lib" ]] && export LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # cuBLAS is linked dynamically: put it on the loader's path for every job.
 source "$root/scripts/find_cublas.sh"
 po_find_cublas || echo "device_batch: no libcublas.so.13 found; jobs may fail to load" >&2

@@ -144,3 +144,18 @@ def test_plan_error_is_a_pipeoffload_error():
     with pytest.raises(po.FailedPreconditionError) as info:
         PipelinePlan(0, 1, 1, False, [])
     assert info.value.code == 9
+
+
+@pytest.mark.parametrize("family,chunks,split", [("1f1b", 1, False),
+                                                 ("group-interleaved", 2, True)])
+@pytest.mark.parametrize("offload", ["po-h", "po-f"])
+def test_offload_leaves_the_one_process_compute_order_alone(unit, family, chunks, split,
+                                                            offload):
+    # Why a torch run with offload can be bitwise equal to one without: the same kernels run in
+    # the same order on the compute stream.
+    def compute_order(policy):
+        plan = plan_of(po.compile(family=family, stages=4, microbatches=8, chunks=chunks,
+                                  split_backward=split, offload=policy, costs=unit))
+        return [(a.stage, a.kind, a.mb, a.chunk) for a in plan.single_process_order()
+                if a.kind in ("F", "B", "W")]
+    assert compute_order(offload) == compute_order("none")

@@ -1,0 +1,140 @@
+"""pipeoffload.torch on one GPU: a toy pipeline of 4 stages (residual MLP blocks, fp32) trained
+with our schedules, with and without offload. Run by run_torch_tests.py (or pytest).
+
+What is asserted, exactly: losses and parameters after every step torch.equal with and without
+offload (po-h, po-f; 1f1b and group-interleaved with split backward); the no-offload pipeline
+torch.equal to a plain loop over the microbatches; pinned buffers allocated = the replay's
+prediction, every later step reusing them; bad input refused with a message. With a tolerance:
+the activation peak falls by the predicted stash reduction within 10% of the no-offload stash
+peak (kernel transients and the stage boundaries are in the measurement, not the prediction)."""
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
+
+import torch  # noqa: E402
+
+import pipeoffload as po  # noqa: E402
+import pipeoffload.torch as pot  # noqa: E402
+from pipeoffload.torch import toy  # noqa: E402
+
+DEVICE = torch.device("cuda", 0)
+HIDDEN, TOKENS, BLOCKS, MICROBATCHES, STEPS = 256, 512, 2, 8, 3
+UNIT = po.Costs.unit(0.25)
+
+
+def compile_plan(offload, family="1f1b", chunks=1, split=False):
+    return po.compile(family=family, stages=4, microbatches=MICROBATCHES, chunks=chunks,
+                      offload=offload, split_backward=split, costs=UNIT)
+
+
+def run(schedule, *, offload=True, sync_release=False, steps=STEPS, chunks=1):
+    """Trains fresh, identically seeded stages; returns (losses, params per step, runner)."""
+    stages = toy.make_stages(4 * chunks, HIDDEN, BLOCKS, DEVICE)
+    inputs, targets = toy.make_data(MICROBATCHES, TOKENS, HIDDEN, DEVICE)
+    runner = pot.PipelineRunner(stages, schedule, toy.mse_loss(MICROBATCHES), offload=offload,
+                                sync_release=sync_release)
+    losses, params = toy.train(stages, runner.step, inputs, targets, steps)
+    return losses, params, runner
+
+
+def assert_bitwise(a, b, what):
+    for step, (xs, ys) in enumerate(zip(a, b)):
+        assert len(xs) == len(ys), f"{what}: step {step} has {len(xs)} vs {len(ys)} tensors"
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            if not torch.equal(x, y):
+                diff = (x.double() - y.double()).abs().max().item()
+                raise AssertionError(f"{what}: step {step}, tensor {i} differs "
+                                     f"(max abs diff {diff:.3e})")
+
+
+def check_offload_is_exact(offload, **spec):
+    chunks = spec.get("chunks", 1)
+    base_losses, base_params, _ = run(compile_plan("none", **spec), offload=False,
+                                      chunks=chunks)
+    losses, params, runner = run(compile_plan(offload, **spec), chunks=chunks)
+    assert runner.plan.offloaded_entries(), f"{offload} {spec}: the plan offloads nothing"
+    assert_bitwise(base_losses, losses, f"{offload} {spec} losses")
+    assert_bitwise(base_params, params, f"{offload} {spec} parameters")
+    assert runner.offloader.pool.stats.reused > 0, "pinned buffers were never reused"
+
+
+def test_po_f_trains_bitwise_equal_to_no_offload():
+    check_offload_is_exact("po-f")
+
+
+def test_po_h_trains_bitwise_equal_to_no_offload():
+    check_offload_is_exact("po-h")
+
+
+def test_group_interleaved_split_backward_po_f_is_exact():
+    check_offload_is_exact("po-f", family="group-interleaved", chunks=2, split=True)
+
+
+def test_pipeline_equals_a_plain_loop():
+    losses, params, _ = run(compile_plan("none"), offload=False)
+    stages = toy.make_stages(4, HIDDEN, BLOCKS, DEVICE)
+    inputs, targets = toy.make_data(MICROBATCHES, TOKENS, HIDDEN, DEVICE)
+    plain_losses, plain_params = toy.train(
+        stages, toy.plain_step(stages, toy.mse_loss(MICROBATCHES)), inputs, targets, STEPS)
+    assert_bitwise(plain_losses, losses, "plain loop vs pipeline losses")
+    assert_bitwise(plain_params, params, "plain loop vs pipeline parameters")
+
+
+def test_activation_memory_falls_as_predicted():
+    # Two steps each: the first creates .grad and cuBLAS workspaces, the second is measured.
+    _, _, none = run(compile_plan("none"), offload=False, sync_release=True, steps=2)
+    _, _, pof = run(compile_plan("po-f"), sync_release=True, steps=2)
+    a, b = none.memory_report(), pof.memory_report()
+    print(f"no offload: {a}\npo-f:       {b}")
+    assert a.predicted_stash_peak_bytes == b.predicted_stash_peak_without_offload_bytes
+    assert b.compiler_stage_peak_units == [2, 2, 2, 1]
+    assert b.compiler_stage_peak_units_without_offload == [4, 3, 2, 1]
+    predicted = a.predicted_stash_peak_bytes - b.predicted_stash_peak_bytes
+    measured = a.measured_peak_bytes - b.measured_peak_bytes
+    tolerance = 0.10 * a.predicted_stash_peak_bytes
+    assert predicted > 0, f"po-f predicts no saving: {predicted} B"
+    assert abs(measured - predicted) <= tolerance, (
+        f"activation peak fell by {measured / 2**20:.1f} MiB, predicted "
+        f"{predicted / 2**20:.1f} MiB (tolerance {tolerance / 2**20:.1f} MiB)")
+    # Without offload the measured peak holds the whole stash plus transients.
+    assert a.measured_peak_bytes >= a.predicted_stash_peak_bytes
+
+
+def test_pinned_buffers_are_reused_exactly():
+    _, _, runner = run(compile_plan("po-f"), steps=2)
+    report = runner.memory_report()
+    stats = runner.offloader.pool.stats
+    assert report.host_buffers_allocated == report.host_buffers_predicted, (
+        f"allocated {report.host_buffers_allocated}, predicted {report.host_buffers_predicted}")
+    buffers = sum(report.host_buffers_predicted.values())
+    offloaded = sum(len(runner.offloader.entry_sizes[k]) for k in runner.plan.offloaded_entries())
+    # Two steps acquire 2 * offloaded buffers; all but the first allocation of each are reuses.
+    assert stats.reused == 2 * offloaded - buffers, (stats, buffers, offloaded)
+    assert stats.held == 0 and runner.offloader.pool.free_buffers() == buffers
+
+
+def test_compute_stream_is_captured_outside_the_side_streams():
+    _, _, runner = run(compile_plan("po-f"), steps=1)
+    offloader = runner.offloader
+    assert offloader.compute_stream == torch.cuda.current_stream(DEVICE)
+    assert offloader.compute_stream != offloader.d2h_stream
+    assert offloader.compute_stream != offloader.h2d_stream
+
+
+def test_bad_input_is_refused_with_a_message():
+    stages = toy.make_stages(3, HIDDEN, BLOCKS, DEVICE)
+    try:
+        pot.PipelineRunner(stages, compile_plan("po-f"), toy.mse_loss(MICROBATCHES))
+    except ValueError as e:
+        assert "3 stage modules for a plan of 4 virtual stages" in str(e), str(e)
+    else:
+        raise AssertionError("3 modules for 4 stages were accepted")
+    runner = pot.PipelineRunner(toy.make_stages(4, HIDDEN, BLOCKS, DEVICE), compile_plan("po-f"),
+                                toy.mse_loss(MICROBATCHES))
+    inputs, targets = toy.make_data(2, TOKENS, HIDDEN, DEVICE)
+    try:
+        runner.step(inputs, targets)
+    except ValueError as e:
+        assert "the plan has 8 microbatches; got 2 inputs" in str(e), str(e)
+    else:
+        raise AssertionError("2 microbatches for a plan of 8 were accepted")
