@@ -1,32 +1,45 @@
-// Compiles a 1F1B schedule through the installed package and checks its predicted peak.
+// The CPU consumer of an installed pipeoffload (run by tests/package/run_package_test.cmake):
+// compiles a 1F1B schedule and checks its predicted peaks, checks that layer sliding links, then
+// runs a pipeline on CPU backends through pipeline.h and checks it against the predictions
+// (relay_pipeline.h).
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "pipeoffload/backend.h"
 #include "pipeoffload/compiler.h"
-#include "pipeoffload/runtime.h"
+#include "pipeoffload/layer_sliding.h"
+#include "relay_pipeline.h"
 
 int main() {
   pipeoffload::PipelineSpec spec;
   spec.num_stages = 4;
   spec.num_microbatches = 8;
   auto schedule = pipeoffload::Compile(spec, pipeoffload::UnitCostModel(0.25));
-  if (!schedule.ok()) {
-    std::fprintf(stderr, "compile failed: %s\n", std::string(schedule.status().message()).c_str());
-    return 1;
-  }
+  if (!schedule.ok()) return relay::Report("consumer", "compile: " + schedule.status().ToString());
   // 1F1B holds p - d microbatches on stage d (reference/pipeoffload.md section 1.2).
   const auto& stages = schedule->predictions->stages;
   for (int d = 0; d < 4; ++d) {
     if (stages[d].peak_units != 4 - d) {
-      std::fprintf(stderr, "stage %d: peak %lld, expected %d\n", d,
-                   static_cast<long long>(stages[d].peak_units), 4 - d);
-      return 1;
+      return relay::Report("consumer", "stage " + std::to_string(d) + ": peak " +
+                                           std::to_string(stages[d].peak_units) + ", expected " +
+                                           std::to_string(4 - d));
     }
   }
-  // The runtime's library links too: the executor's measured-timeline helper rejects empty input.
-  if (pipeoffload::MeasuredTimeline({}).ok()) {
-    std::fprintf(stderr, "MeasuredTimeline accepted no stages\n");
-    return 1;
-  }
   std::printf("consumer: compiled %zu stage programs\n", schedule->stages.size());
-  return 0;
+  // Layer sliding links too (with its liburing): an empty model shape is refused.
+  if (pipeoffload::ValidateSlidingModelShape({}).ok()) {
+    return relay::Report("consumer", "ValidateSlidingModelShape accepted an empty shape");
+  }
+
+  std::vector<std::unique_ptr<pipeoffload::Backend>> owned;
+  std::vector<pipeoffload::Backend*> backends;
+  for (int d = 0; d < 2; ++d) {
+    auto backend = pipeoffload::CreateCpuBackend();
+    if (!backend.ok()) return relay::Report("consumer", backend.status().ToString());
+    owned.push_back(std::move(*backend));
+    backends.push_back(owned.back().get());
+  }
+  return relay::RunRelayPipeline("consumer", backends);
 }
