@@ -1,8 +1,15 @@
 // The hardware interface of the runtime: device memory, three in-order queues (compute, D2H,
 // H2D) with asynchronous copies, events between them, and a clock (DESIGN.md section 5).
 //
-// The CPU backend (here) and the CUDA backend (later) implement the same contract, so every
-// schedule, offload and byte count can be checked without a GPU. No CUDA types appear here.
+// The CPU backend (here; target pipeoffload::backend_cpu) and the CUDA backend (cuda.h;
+// pipeoffload::backend_cuda) implement the same contract, so every schedule, offload and byte
+// count can be checked without a GPU; one test suite (tests/backend/backend_contract_test.cc)
+// checks both against it. No CUDA types appear here.
+//
+// Host blocking, in short: CopyAsync, FillAsync, RecordEvent and (on device queues)
+// QueueWaitEvent enqueue and return; WaitEvent and Synchronize block the caller, each bounded by
+// its timeout; QueryEvent, EventTime and Stats never block. On the CPU backend the compute queue
+// is the caller's thread: work enqueued there is done when the call returns.
 #ifndef PIPEOFFLOAD_BACKEND_H_
 #define PIPEOFFLOAD_BACKEND_H_
 
@@ -21,7 +28,8 @@ class Backend;
 // The three engines of one device. Work enqueued on one queue runs in enqueue order; work on
 // different queues runs concurrently unless ordered by events.
 enum class QueueKind : std::uint8_t {
-  kCompute,  // the trainer's kernels (CUDA: the compute stream; CPU: the calling thread)
+  kCompute,  // the trainer's kernels: every StageModel call's work (stage_model.h) goes here
+             // (CUDA: the compute stream; CPU: the calling thread)
   kD2H,      // device-to-host copies (offload)
   kH2D,      // host-to-device copies (reload)
 };

@@ -21,7 +21,10 @@
 //    and the next iteration's inputs staged right after it. On error too, nothing of the
 //    iteration is left in flight (bounded by wait_timeout_seconds).
 //  - Threads. A PipelineStage is thread-compatible: its calls must not overlap (successive
-//    calls may come from different threads when ordered, e.g. by a join). Stages of one
+//    calls may come from different threads when ordered, e.g. by a join). The model is called
+//    on the thread that calls Open (measured costs: MeasureStageCosts's probe) and Run, one
+//    call at a time; LocalPipeline calls stage d's model on a thread of its own, all stages at
+//    once. Stages of one
 //    process (the local transport) run on threads of their own, each with its own Backend,
 //    Transport endpoint and RankGroup endpoint (LocalPipeline below does that). Open is
 //    collective over `group` when one is given: every rank must call it (at about the same

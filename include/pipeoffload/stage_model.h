@@ -8,6 +8,22 @@
 // Memory is plain bytes from the runtime's backend ("device" memory: the arena on the CPU
 // backend, GPU memory on the CUDA backend). A chunk's saved-activation size must be known up
 // front and be the same for every microbatch, so the compiler's byte predictions are exact.
+//
+// Contracts (pipeline.h states the same from the runner's side):
+//  - Queue. Each call enqueues its device work on the COMPUTE queue of the stage's backend
+//    (backend.h QueueKind::kCompute; CUDA: CudaComputeStream(backend), cuda_stream.h; CPU: the
+//    calling thread, so the work is done when the call returns) and may return before that
+//    work has finished. The runtime records an event on that queue after each call and orders
+//    every later use of the call's buffers after it (offload copies, sends, the next op), so
+//    work enqueued anywhere else (another stream, another thread) is not ordered and races.
+//  - Buffers. The pointers are valid for the work enqueued by the call, not past it: the next
+//    call may get other addresses for the same entry.
+//  - Threads. The runtime calls one StageModel from one thread at a time (the stage's runner:
+//    PipelineStage::Open with measured costs, then each Run), never two calls at once. Stages
+//    of one process (LocalPipeline) call their models from different threads at the same
+//    time, so state shared between stage models needs its own locking.
+//  - Errors. A non-OK status fails the op: Run returns it annotated with the stage and op, and
+//    frees the iteration's memory.
 #ifndef PIPEOFFLOAD_STAGE_MODEL_H_
 #define PIPEOFFLOAD_STAGE_MODEL_H_
 

@@ -1,6 +1,8 @@
 // Point-to-point messages between pipeline ranks (DESIGN.md section 5): non-blocking Send/Recv
 // of bytes, matched by peer and a tag derived from (kind, mb, chunk), and a pairwise Barrier.
-// Implementations: local (stages as threads of one process) and MPI (ranks of an mpirun job).
+// Implementations: local (stages as threads of one process; target pipeoffload::transport), MPI
+// (ranks of an mpirun job, host buffers; pipeoffload::transport_mpi) and NCCL (device buffers,
+// one GPU per rank; cuda.h, pipeoffload::transport_nccl).
 #ifndef PIPEOFFLOAD_TRANSPORT_H_
 #define PIPEOFFLOAD_TRANSPORT_H_
 

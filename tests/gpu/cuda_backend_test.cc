@@ -1,6 +1,8 @@
-// The CUDA backend against its contract (cuda.h, backend.h): exact copies in every direction,
-// fills, event ordering across streams, bounded waits, the event clock, pinned memory, and
-// argument errors. Run alone with `gpu_tests "[cuda]"`.
+// What only the CUDA backend does, beside the contract every backend keeps (tests/backend/
+// backend_contract_test.cc, compiled into gpu_tests with cuda_backend_contract.cc): pageable
+// copies, a compute stream that runs ahead of the host, the event clock's anchors, pinned and
+// device memory, allocation failures, and its accessors (cuda.h, cuda_stream.h). Run alone
+// with `gpu_tests "[cuda]"`.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -30,49 +32,6 @@ cudaStream_t ComputeStream(Backend& backend) {
   return *stream;
 }
 
-TEST_CASE("copies round-trip bytes exactly through H2D, D2D and D2H", "[gpu][cuda][copy]") {
-  const std::int64_t size = GENERATE(std::int64_t{1}, std::int64_t{3}, std::int64_t{4},
-                                     std::int64_t{255}, std::int64_t{4097},
-                                     std::int64_t{(1 << 20) + 7}, std::int64_t{64} << 20);
-  CAPTURE(size);
-  constexpr std::int64_t kGuard = 64;  // bytes past the copy that must stay untouched
-  auto backend = NewCudaBackend();
-  const std::vector<unsigned char> data = RandomBytes(size, static_cast<std::uint64_t>(size));
-  Block source(*backend, size, /*host=*/true);
-  Block result(*backend, size + kGuard, /*host=*/true);
-  Block device_a(*backend, size, /*host=*/false);
-  Block device_b(*backend, size, /*host=*/false);
-  std::memcpy(source.get(), data.data(), data.size());
-  std::memset(result.get(), 0xCD, static_cast<std::size_t>(size + kGuard));
-
-  const Queue h2d = backend->queue(QueueKind::kH2D);
-  const Queue compute = backend->queue(QueueKind::kCompute);
-  const Queue d2h = backend->queue(QueueKind::kD2H);
-  const Event uploaded = NewEvent(*backend);
-  const Event moved = NewEvent(*backend);
-  const Event downloaded = NewEvent(*backend);
-  REQUIRE(backend->CopyAsync(h2d, device_a.get(), source.get(), size).ok());
-  REQUIRE(backend->RecordEvent(uploaded, h2d).ok());
-  REQUIRE(backend->QueueWaitEvent(compute, uploaded).ok());
-  REQUIRE(backend->CopyAsync(compute, device_b.get(), device_a.get(), size).ok());
-  REQUIRE(backend->RecordEvent(moved, compute).ok());
-  REQUIRE(backend->QueueWaitEvent(d2h, moved).ok());
-  REQUIRE(backend->CopyAsync(d2h, result.get(), device_b.get(), size).ok());
-  REQUIRE(backend->RecordEvent(downloaded, d2h).ok());
-  REQUIRE(backend->WaitEvent(downloaded, 60.0).ok());
-
-  CHECK(std::memcmp(result.get(), data.data(), data.size()) == 0);
-  int guard_intact = 0;
-  for (std::int64_t i = size; i < size + kGuard; ++i) guard_intact += result.bytes()[i] == 0xCD;
-  CHECK(guard_intact == kGuard);
-  const BackendStats stats = backend->Stats();
-  CHECK(stats.bytes_h2d == size);
-  CHECK(stats.bytes_d2h == size);
-  CHECK(stats.copies == 3);
-  CHECK(stats.device_allocations == 2);
-  CHECK(stats.host_allocations == 2);
-}
-
 TEST_CASE("pageable host buffers copy correctly too", "[gpu][cuda][copy]") {
   auto backend = NewCudaBackend();
   const std::int64_t size = (1 << 20) + 13;
@@ -86,42 +45,6 @@ TEST_CASE("pageable host buffers copy correctly too", "[gpu][cuda][copy]") {
               .ok());
   Drain(*backend, QueueKind::kD2H);
   CHECK(FirstMismatch(back, data) == -1);
-}
-
-TEST_CASE("FillAsync writes the 32-bit pattern on every queue and nothing past it",
-          "[gpu][cuda][fill]") {
-  const std::int64_t words = GENERATE(std::int64_t{1}, std::int64_t{7}, std::int64_t{256},
-                                      std::int64_t{1000003});
-  const QueueKind kind = GENERATE(QueueKind::kCompute, QueueKind::kD2H, QueueKind::kH2D);
-  CAPTURE(words, std::string(QueueKindName(kind)));
-  constexpr std::int64_t kGuardWords = 16;
-  constexpr std::uint32_t kPattern = 0x7FF7FFFFu;
-  auto backend = NewCudaBackend();
-  const std::int64_t bytes = 4 * (words + kGuardWords);
-  Block device(*backend, bytes, /*host=*/false);
-  Block host(*backend, bytes, /*host=*/true);
-  const Queue queue = backend->queue(kind);
-  REQUIRE(backend->FillAsync(queue, device.get(), 0u, bytes).ok());
-  REQUIRE(backend->FillAsync(queue, device.get(), kPattern, 4 * words).ok());
-  Drain(*backend, kind);
-  REQUIRE(backend->CopyAsync(backend->queue(QueueKind::kD2H), host.get(), device.get(), bytes)
-              .ok());
-  Drain(*backend, QueueKind::kD2H);
-  std::int64_t patterned = 0;
-  std::int64_t zero = 0;
-  for (std::int64_t i = 0; i < words; ++i) patterned += host.words()[i] == kPattern;
-  for (std::int64_t i = words; i < words + kGuardWords; ++i) zero += host.words()[i] == 0u;
-  CHECK(patterned == words);
-  CHECK(zero == kGuardWords);
-
-  SECTION("sizes and addresses that are not whole words are refused") {
-    CHECK(backend->FillAsync(queue, device.get(), kPattern, 6).code() ==
-          absl::StatusCode::kInvalidArgument);
-    CHECK(backend->FillAsync(queue, device.bytes() + 2, kPattern, 4).code() ==
-          absl::StatusCode::kInvalidArgument);
-    CHECK(backend->FillAsync(queue, device.get(), kPattern, -4).code() ==
-          absl::StatusCode::kInvalidArgument);
-  }
 }
 
 // Compute spins, then fills `buffer` with 0xAAAAAAAA; H2D copies 0x12345678 words over it;
@@ -181,46 +104,7 @@ TEST_CASE("a queue wait orders H2D after compute without blocking the caller",
   }
 }
 
-TEST_CASE("WaitEvent and Synchronize time out on a busy queue, naming it", "[gpu][cuda][events]") {
-  auto backend = NewCudaBackend();
-  const Event event = NewEvent(*backend);
-  PO_CUDA_CHECK(LaunchSpin(ComputeStream(*backend), 0.5));
-  REQUIRE(backend->RecordEvent(event, backend->queue(QueueKind::kCompute)).ok());
-  const double start = backend->NowSeconds();
-  const absl::Status timed_out = backend->WaitEvent(event, 0.01);
-  const double waited = backend->NowSeconds() - start;
-  INFO(timed_out.ToString());
-  CHECK(timed_out.code() == absl::StatusCode::kDeadlineExceeded);
-  CHECK(Contains(timed_out, "compute queue"));
-  CHECK(Contains(timed_out, "cuda:0"));
-  CHECK(waited < 0.3);
-  const absl::Status busy = backend->Synchronize(0.01);
-  CHECK(busy.code() == absl::StatusCode::kDeadlineExceeded);
-  CHECK(Contains(busy, "compute"));
-  CHECK(backend->WaitEvent(event, 30.0).ok());
-  CHECK(*backend->QueryEvent(event));
-  CHECK(backend->Synchronize(30.0).ok());
-}
-
-TEST_CASE("an event never recorded is complete and has no time", "[gpu][cuda][events]") {
-  auto backend = NewCudaBackend();
-  const Event first = NewEvent(*backend);
-  PO_CUDA_CHECK(LaunchSpin(ComputeStream(*backend), 0.2));
-  REQUIRE(backend->RecordEvent(first, backend->queue(QueueKind::kCompute)).ok());
-  CHECK_FALSE(*backend->QueryEvent(first));
-  // A destroyed event's slot comes back with its CUDA event still capturing the spin; the new
-  // owner must see a fresh, never-recorded event all the same.
-  backend->DestroyEvent(first);
-  const Event reused = NewEvent(*backend);
-  CHECK(reused.id() == first.id());
-  CHECK(*backend->QueryEvent(reused));
-  CHECK(backend->WaitEvent(reused, 0.0).ok());
-  CHECK(backend->QueueWaitEvent(backend->queue(QueueKind::kD2H), reused).ok());
-  CHECK(backend->EventTime(reused).status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(backend->Synchronize(30.0).ok());
-}
-
-TEST_CASE("EventTime is on NowSeconds' clock and increases along a queue",
+TEST_CASE("EventTime stays on NowSeconds' clock across the event clock's re-anchoring",
           "[gpu][cuda][events][clock]") {
   constexpr int kEvents = 10;
   constexpr double kSpinSeconds = 0.002;
@@ -246,13 +130,7 @@ TEST_CASE("EventTime is on NowSeconds' clock and increases along a queue",
           absl::StatusCode::kFailedPrecondition);  // still spinning
     REQUIRE(backend->WaitEvent(events.back(), 30.0).ok());
     const double after = backend->NowSeconds();
-    std::vector<double> times;
-    for (const Event& event : events) {
-      absl::StatusOr<double> time = backend->EventTime(event);
-      INFO(time.status().ToString());
-      REQUIRE(time.ok());
-      times.push_back(*time);
-    }
+    const std::vector<double> times = EventTimes(*backend, events);
     CHECK(times.front() >= before - kTolerance);
     CHECK(times.back() <= after + kTolerance);
     for (int i = 1; i < kEvents; ++i) {
@@ -297,33 +175,16 @@ TEST_CASE("an impossible allocation fails with ResourceExhausted and leaves the 
   CHECK(backend->Stats().device_allocations == 1);
 }
 
-TEST_CASE("foreign queues and events, bad sizes and bad devices are refused",
+TEST_CASE("CUDA accessors refuse other backends' queues; bad devices are refused",
           "[gpu][cuda][errors]") {
   auto backend = NewCudaBackend();
   absl::StatusOr<std::unique_ptr<Backend>> cpu = CreateCpuBackend();
   REQUIRE(cpu.ok());
-  Block device(*backend, 64, /*host=*/false);
-  Block host(*backend, 64, /*host=*/true);
-  const Queue foreign = (*cpu)->queue(QueueKind::kD2H);
-  CHECK(backend->CopyAsync(foreign, host.get(), device.get(), 64).code() ==
-        absl::StatusCode::kInvalidArgument);
-  CHECK(backend->CopyAsync(backend->queue(QueueKind::kD2H), host.get(), device.get(), -1)
-            .code() == absl::StatusCode::kInvalidArgument);
-  CHECK(backend->CopyAsync(backend->queue(QueueKind::kD2H), nullptr, device.get(), 64).code() ==
-        absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<Event> cpu_event = (*cpu)->CreateEvent();
-  REQUIRE(cpu_event.ok());
-  CHECK(backend->RecordEvent(*cpu_event, backend->queue(QueueKind::kCompute)).code() ==
-        absl::StatusCode::kInvalidArgument);
-  const Event destroyed = NewEvent(*backend);
-  backend->DestroyEvent(destroyed);
-  CHECK(backend->QueryEvent(destroyed).status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(backend->WaitEvent(destroyed, 1.0).code() == absl::StatusCode::kInvalidArgument);
-
   CHECK(CudaComputeStream(*backend).ok());
   CHECK(*CudaBackendDevice(*backend) == 0);
   CHECK(CudaComputeStream(**cpu).status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(CudaQueueStream(foreign).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(CudaQueueStream((*cpu)->queue(QueueKind::kD2H)).status().code() ==
+        absl::StatusCode::kInvalidArgument);
   absl::StatusOr<int> count = CudaDeviceCount();
   REQUIRE(count.ok());
   CHECK(*count >= 1);

@@ -1,16 +1,13 @@
-// Helpers shared by the GPU tests: a CUDA backend, events, and RAII blocks of its memory.
+// Helpers shared by the GPU tests: a CUDA backend, and (backend_test_util.h) events, drains and
+// RAII blocks of its memory.
 #ifndef PIPEOFFLOAD_TESTS_GPU_GPU_TEST_UTIL_H_
 #define PIPEOFFLOAD_TESTS_GPU_GPU_TEST_UTIL_H_
 
-#include <algorithm>
-#include <cstdint>
 #include <memory>
-#include <random>
-#include <string>
-#include <vector>
 
 #include "pipeoffload/backend.h"
 #include "pipeoffload/cuda.h"
+#include "tests/backend/backend_test_util.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload::testing {
@@ -20,66 +17,6 @@ inline std::unique_ptr<Backend> NewCudaBackend(int device = 0) {
   INFO(backend.status().ToString());
   REQUIRE(backend.ok());
   return std::move(*backend);
-}
-
-inline Event NewEvent(Backend& backend) {
-  absl::StatusOr<Event> event = backend.CreateEvent();
-  INFO(event.status().ToString());
-  REQUIRE(event.ok());
-  return *event;
-}
-
-// Records an event on `queue` and waits for it: everything enqueued there so far is done.
-inline void Drain(Backend& backend, QueueKind kind, double timeout_seconds = 60.0) {
-  const Event event = NewEvent(backend);
-  REQUIRE(backend.RecordEvent(event, backend.queue(kind)).ok());
-  const absl::Status waited = backend.WaitEvent(event, timeout_seconds);
-  INFO(waited.ToString());
-  REQUIRE(waited.ok());
-  backend.DestroyEvent(event);
-}
-
-// A block of backend memory, freed with the object.
-class Block {
- public:
-  Block(Backend& backend, std::int64_t bytes, bool host) : backend_(backend), host_(host) {
-    absl::StatusOr<void*> ptr = host ? backend.AllocateHost(bytes) : backend.AllocateDevice(bytes);
-    INFO(ptr.status().ToString());
-    REQUIRE(ptr.ok());
-    ptr_ = *ptr;
-  }
-  ~Block() { host_ ? backend_.FreeHost(ptr_) : backend_.FreeDevice(ptr_); }
-  Block(const Block&) = delete;
-  Block& operator=(const Block&) = delete;
-
-  void* get() const { return ptr_; }
-  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
-  std::uint32_t* words() const { return static_cast<std::uint32_t*>(ptr_); }
-  float* floats() const { return static_cast<float*>(ptr_); }
-
- private:
-  Backend& backend_;
-  const bool host_;
-  void* ptr_ = nullptr;
-};
-
-// Index of the first element where `a` and `b` differ, the shorter size when one is a prefix of
-// the other, or -1 when they are equal. CHECK(FirstMismatch(a, b) == -1) reports the index
-// instead of printing megabytes of both vectors.
-template <typename T>
-std::int64_t FirstMismatch(const std::vector<T>& a, const std::vector<T>& b) {
-  const std::size_t n = std::min(a.size(), b.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!(a[i] == b[i])) return static_cast<std::int64_t>(i);
-  }
-  return a.size() == b.size() ? -1 : static_cast<std::int64_t>(n);
-}
-
-inline std::vector<unsigned char> RandomBytes(std::int64_t size, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
-  for (unsigned char& byte : bytes) byte = static_cast<unsigned char>(rng());
-  return bytes;
 }
 
 }  // namespace pipeoffload::testing

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/runtime/gated_backend.h"
+#include "tests/backend/gated_backend.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {

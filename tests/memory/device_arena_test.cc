@@ -9,16 +9,11 @@
 
 #include "pipeoffload/backend.h"
 #include "pipeoffload/memory.h"
+#include "tests/backend/backend_test_util.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
 namespace {
-
-std::unique_ptr<Backend> Cpu() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  REQUIRE(backend.ok());
-  return std::move(*backend);
-}
 
 std::unique_ptr<DeviceArena> Arena(Backend& backend, std::int64_t budget,
                                    std::int64_t alignment = 256, bool poison = false) {
@@ -40,7 +35,7 @@ void* Allocate(DeviceArena& arena, std::int64_t bytes,
 }
 
 TEST_CASE("arena allocates first fit and reuses the first hole that fits", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 8192);
   char* a = static_cast<char*>(Allocate(*arena, 100));
   char* b = static_cast<char*>(Allocate(*arena, 300));
@@ -60,7 +55,7 @@ TEST_CASE("arena carves P2P buffers from the top, so they never split the stash'
           "[runtime][arena]") {
   constexpr std::int64_t kStash = 4 * 256;
   constexpr std::int64_t kP2P = 256;
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   // At most 2 stash entries and 4 P2P buffers live at once: a budget of exactly that.
   auto arena = Arena(*backend, 2 * kStash + 4 * kP2P);
   auto* base = static_cast<char*>(Allocate(*arena, kStash));
@@ -79,7 +74,7 @@ TEST_CASE("arena carves P2P buffers from the top, so they never split the stash'
 }
 
 TEST_CASE("arena coalesces freed neighbours in any order", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 16 * 256);
   const std::vector<int> order = GENERATE(std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7},
                                           std::vector<int>{7, 6, 5, 4, 3, 2, 1, 0},
@@ -95,7 +90,7 @@ TEST_CASE("arena coalesces freed neighbours in any order", "[runtime][arena]") {
 }
 
 TEST_CASE("arena reports fragmentation with the numbers", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 4096);
   std::vector<void*> blocks;
   for (int i = 0; i < 16; ++i) blocks.push_back(Allocate(*arena, 256, MemoryCategory::kP2P));
@@ -114,7 +109,7 @@ TEST_CASE("arena reports fragmentation with the numbers", "[runtime][arena]") {
 }
 
 TEST_CASE("arena rejects requests over the budget without overflow", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 1000);
   for (std::int64_t bytes : {std::int64_t{1001}, std::int64_t{1} << 40, INT64_MAX}) {
     absl::StatusOr<void*> block = arena->Allocate(bytes, MemoryCategory::kOther);
@@ -132,7 +127,7 @@ TEST_CASE("arena rejects requests over the budget without overflow", "[runtime][
 
 TEST_CASE("arena counts requested bytes per category, with high-water marks",
           "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 1 << 16);
   void* s1 = Allocate(*arena, 1000, MemoryCategory::kStash);
   void* s2 = Allocate(*arena, 3000, MemoryCategory::kStash);
@@ -155,7 +150,7 @@ TEST_CASE("arena counts requested bytes per category, with high-water marks",
 }
 
 TEST_CASE("arena aligns every block and rejects bad options", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   const std::int64_t alignment = GENERATE(4, 64, 4096);
   auto arena = Arena(*backend, 1 << 16, alignment);
   for (std::int64_t bytes : {1, 3, 5, 100, 4097}) {
@@ -176,7 +171,7 @@ TEST_CASE("arena aligns every block and rejects bad options", "[runtime][arena]"
 }
 
 TEST_CASE("arena rejects double frees and foreign pointers", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 4096);
   void* block = Allocate(*arena, 64);
   REQUIRE(arena->Free(block).ok());
@@ -189,7 +184,7 @@ TEST_CASE("arena rejects double frees and foreign pointers", "[runtime][arena]")
 }
 
 TEST_CASE("arena poisons freed blocks only when asked", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   const bool poison = GENERATE(true, false);
   auto arena = Arena(*backend, 4096, 256, poison);
   auto* words = static_cast<std::uint32_t*>(Allocate(*arena, 256));
@@ -205,7 +200,7 @@ TEST_CASE("arena poisons freed blocks only when asked", "[runtime][arena]") {
 }
 
 TEST_CASE("arena allocates from its single backend allocation only", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 1 << 20);
   std::vector<void*> blocks;
   for (int round = 0; round < 50; ++round) {
@@ -217,7 +212,7 @@ TEST_CASE("arena allocates from its single backend allocation only", "[runtime][
 }
 
 TEST_CASE("arena matches a reference model under random allocation", "[runtime][arena]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   const std::int64_t budget = 64 * 1024;
   auto arena = Arena(*backend, budget, 128);
   const auto base_budget = budget;

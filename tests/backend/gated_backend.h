@@ -7,8 +7,8 @@
 //
 // Limitation (kept simple on purpose): a queue wait of the H2D queue on an event held behind
 // the gate is refused with FailedPrecondition; open the gate before such a wait.
-#ifndef PIPEOFFLOAD_TESTS_RUNTIME_GATED_BACKEND_H_
-#define PIPEOFFLOAD_TESTS_RUNTIME_GATED_BACKEND_H_
+#ifndef PIPEOFFLOAD_TESTS_BACKEND_GATED_BACKEND_H_
+#define PIPEOFFLOAD_TESTS_BACKEND_GATED_BACKEND_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -92,4 +92,4 @@ class GatedBackend final : public Backend {
 
 }  // namespace pipeoffload::testing
 
-#endif  // PIPEOFFLOAD_TESTS_RUNTIME_GATED_BACKEND_H_
+#endif  // PIPEOFFLOAD_TESTS_BACKEND_GATED_BACKEND_H_

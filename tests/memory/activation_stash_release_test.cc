@@ -11,7 +11,7 @@
 
 #include "pipeoffload/backend.h"
 #include "pipeoffload/memory.h"
-#include "tests/runtime/gated_backend.h"
+#include "tests/backend/gated_backend.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {

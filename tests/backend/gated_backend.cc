@@ -1,5 +1,5 @@
 // GatedBackend: see gated_backend.h.
-#include "tests/runtime/gated_backend.h"
+#include "tests/backend/gated_backend.h"
 
 #include <chrono>
 #include <utility>

@@ -6,16 +6,11 @@
 
 #include "pipeoffload/backend.h"
 #include "pipeoffload/memory.h"
+#include "tests/backend/backend_test_util.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
 namespace {
-
-std::unique_ptr<Backend> Cpu() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  REQUIRE(backend.ok());
-  return std::move(*backend);
-}
 
 std::unique_ptr<HostPool> Pool(Backend& backend, std::vector<HostSlotClass> classes) {
   absl::StatusOr<std::unique_ptr<HostPool>> pool = HostPool::Create(backend, classes);
@@ -32,7 +27,7 @@ HostSlot Acquire(HostPool& pool, std::int64_t bytes) {
 }
 
 TEST_CASE("host pool reuses the same slots across iterations", "[runtime][host_pool]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto pool = Pool(*backend, {{1000, 3}});
   CHECK(pool->num_slots() == 3);
   CHECK(pool->capacity_bytes() == 3 * 1024);  // each slot rounded to 256 bytes
@@ -52,7 +47,7 @@ TEST_CASE("host pool reuses the same slots across iterations", "[runtime][host_p
 }
 
 TEST_CASE("host pool lends the smallest class that fits", "[runtime][host_pool]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto pool = Pool(*backend, {{4096, 1}, {512, 2}, {0 + 2048, 0}});
   CHECK(pool->num_slots() == 3);  // the empty class is dropped
   HostSlot small = Acquire(*pool, 300);
@@ -75,7 +70,7 @@ TEST_CASE("host pool lends the smallest class that fits", "[runtime][host_pool]"
 }
 
 TEST_CASE("host pool tracks requested bytes and the high-water mark", "[runtime][host_pool]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto pool = Pool(*backend, {{100, 4}});
   HostSlot a = Acquire(*pool, 100);
   HostSlot b = Acquire(*pool, 60);
@@ -92,7 +87,7 @@ TEST_CASE("host pool tracks requested bytes and the high-water mark", "[runtime]
 }
 
 TEST_CASE("host pool rejects bad slots and bad classes", "[runtime][host_pool]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto pool = Pool(*backend, {{64, 1}});
   HostSlot slot = Acquire(*pool, 64);
   REQUIRE(pool->Release(slot).ok());
@@ -109,7 +104,7 @@ TEST_CASE("host pool rejects bad slots and bad classes", "[runtime][host_pool]")
 }
 
 TEST_CASE("an empty host pool allocates nothing", "[runtime][host_pool]") {
-  auto backend = Cpu();
+  auto backend = testing::NewCpuBackend();
   auto pool = Pool(*backend, {});
   CHECK(pool->capacity_bytes() == 0);
   CHECK(backend->Stats().host_allocations == 0);
