@@ -39,8 +39,6 @@ class BackendUnderTest {
   // `seconds` and touches no memory of the test's: what comes after it on that queue waits.
   // REQUIRES: `backend` came from Create with busy_seconds == seconds.
   virtual void Occupy(Backend& backend, QueueKind queue, double seconds) = 0;
-  // Whether ContractSetup::max_random_delay_seconds takes effect.
-  virtual bool injects_faults() const = 0;
 };
 
 // Defined by the fixture file linked into the binary (one per binary).

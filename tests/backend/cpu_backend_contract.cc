@@ -42,8 +42,6 @@ class CpuBackendUnderTest final : public BackendUnderTest {
     REQUIRE(backend.CopyAsync(backend.queue(queue), &to, &from, sizeof(from)).ok());
   }
 
-  bool injects_faults() const override { return true; }
-
  private:
   std::mutex mu_;
   std::map<const Backend*, double> busy_seconds_;  // by backend made here (addresses may recur)

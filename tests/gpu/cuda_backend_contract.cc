@@ -21,7 +21,6 @@ class CudaBackendUnderTest final : public BackendUnderTest {
     REQUIRE(stream.ok());
     PO_CUDA_CHECK(LaunchSpin(*stream, seconds));
   }
-  bool injects_faults() const override { return false; }
 };
 
 }  // namespace
