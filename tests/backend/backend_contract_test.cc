@@ -75,9 +75,11 @@ TEST_CASE("contract: copies round-trip bytes exactly through H2D, compute and D2
   const std::int64_t size = GENERATE(std::int64_t{1}, std::int64_t{3}, std::int64_t{4},
                                      std::int64_t{255}, std::int64_t{4097},
                                      std::int64_t{(1 << 20) + 7});
-  CAPTURE(TheBackendUnderTest().kind(), size);
+  const bool delayed = GENERATE(false, true);  // injected copy delays, where the backend has them
+  CAPTURE(TheBackendUnderTest().kind(), size, delayed);
   constexpr std::int64_t kGuard = 64;  // bytes past the copy that must stay untouched
-  auto backend = Make();
+  auto backend =
+      Make(delayed ? RandomDelays(0.002, static_cast<std::uint64_t>(size)) : ContractSetup{});
   const std::vector<unsigned char> data = RandomBytes(size, static_cast<std::uint64_t>(size));
   Block source(*backend, size, /*host=*/true);
   Block result(*backend, size + kGuard, /*host=*/true);

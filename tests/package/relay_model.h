@@ -32,7 +32,9 @@ class RelayModel final : public pipeoffload::StageModel {
     const pipeoffload::Queue compute = backend_.queue(pipeoffload::QueueKind::kCompute);
     absl::Status status = input == nullptr ? backend_.FillAsync(compute, saved, Word(mb), kBytes)
                                            : backend_.CopyAsync(compute, saved, input, kBytes);
-    if (status.ok() && output != nullptr) status = backend_.CopyAsync(compute, output, saved, kBytes);
+    if (status.ok() && output != nullptr) {
+      status = backend_.CopyAsync(compute, output, saved, kBytes);
+    }
     Check(mb, saved);
     return status;
   }
