@@ -7,9 +7,12 @@ cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 set(build "${WORK_DIR}/build")
+set(configure "configure;${CMAKE_COMMAND};-S;${SOURCE_DIR};-B;${build};-G;Ninja")
+list(APPEND configure "-DCMAKE_PREFIX_PATH=${prefix}"
+                      "-DMINIMAL_TRAINER_SOURCE=${MINIMAL_TRAINER_SOURCE}")
 foreach(step
     "install;${CMAKE_COMMAND};--install;${BUILD_DIR};--prefix;${prefix}"
-    "configure;${CMAKE_COMMAND};-S;${SOURCE_DIR};-B;${build};-G;Ninja;-DCMAKE_PREFIX_PATH=${prefix};-DMINIMAL_TRAINER_SOURCE=${MINIMAL_TRAINER_SOURCE}"
+    "${configure}"
     "build;${CMAKE_COMMAND};--build;${build}"
     "run consumer;${build}/consumer"
     "run minimal_trainer;${build}/minimal_trainer;30")
