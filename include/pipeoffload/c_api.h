@@ -8,7 +8,8 @@
  *    never renumbered. New functions, enumerators and status codes may be added; a caller
  *    treats any nonzero po_status it does not know as an error.
  *  - Versioned structs (po_spec, po_cost_options, po_load_options, po_prediction_summary,
- *    po_stage_prediction, po_link_traffic) begin with `uint32_t struct_size`, which the caller
+ *    po_stage_prediction, po_link_traffic, po_pipeline_options, po_stage_callbacks,
+ *    po_iteration_stats, po_compute_args) begin with `uint32_t struct_size`, which the caller
  *    sets to sizeof(the struct) as it compiled it; the po_*_init functions do that and fill the
  *    defaults, so always call them first. New fields are only ever appended (each struct is laid
  *    out without implicit padding, so an appended field starts past the old size). The library
@@ -18,9 +19,10 @@
  *  - `reserved` fields must be zero (nonzero is PO_ERROR_INVALID_ARGUMENT), so that they can be
  *    given a meaning later.
  *  - po_op is frozen (arrays of it are handed out): it will never grow.
- *  - Handles (po_schedule, po_predictions) are opaque and owned by the caller from the call
- *    that returns them until its po_*_free. They are immutable, so any number of threads may
- *    call the const-handle functions on one handle at once; freeing must not race with use.
+ *  - Handles (po_schedule, po_predictions, po_pipeline) are opaque and owned by the caller
+ *    from the call that returns them until its po_*_free. po_schedule and po_predictions are
+ *    immutable, so any number of threads may call the const-handle functions on one handle at
+ *    once; freeing must not race with use. po_pipeline's calls must not overlap (its section).
  *  - Strings the library returns as `const char*` are either static (names of kinds, families,
  *    policies, status codes, po_version: valid for the life of the process) or owned by a handle
  *    (valid until that handle is freed), as each function says. Text returned through `char**`
@@ -33,29 +35,8 @@
  *    status, never an abort; a C++ exception never crosses this boundary.
  *  - On error, out-parameters are left unchanged, except handles, which are set to NULL.
  *
- * TODO(issue 14): running a stage with C callbacks. The C++ entry point that opens one
- * rank's stage (PipelineStage::Open, pipeline.h: schedule, costs, arena, backend, transport,
- * executor) arrived while this ABI was written; binding it is the next step, in a section of
- * this shape (not implemented yet; po_stage_options would carry StageOptions' fields):
- *     typedef struct po_stage_callbacks {
- *       uint32_t struct_size; int32_t reserved; void* user_data;
- *       int64_t (*saved_bytes)(void* user_data, int32_t chunk, int32_t split_backward);
- *       int64_t boundary_bytes;
- *       po_status (*forward)(void* user_data, int32_t mb, int32_t chunk, const void* input,
- *                            void* output, void* saved, uint64_t stream);
- *       po_status (*backward)(void* user_data, int32_t mb, int32_t chunk,
- *                             const void* grad_output, void* grad_input, void* saved,
- *                             int32_t with_weight_grad, uint64_t stream);
- *       po_status (*backward_weight)(void* user_data, int32_t mb, int32_t chunk, void* saved,
- *                                    uint64_t stream);
- *     } po_stage_callbacks;
- *     po_status po_stage_open(const po_schedule* schedule, int32_t stage,
- *                             const po_stage_callbacks* callbacks,
- *                             const po_stage_options* options, po_stage** out);
- *     po_status po_stage_run_iteration(po_stage* stage, po_iteration_stats* stats);
- *     void po_stage_free(po_stage* stage);
- * Buffers are device pointers with byte sizes as the StageModel contract (stage_model.h) has
- * them; streams are integers (a cudaStream_t cast to uint64_t on the CUDA backend). */
+ * Running a pipeline with C callbacks (po_pipeline, at the end of this file) has rules of its
+ * own on threads, blocking and buffer lifetimes: read the comment that opens that section. */
 #ifndef PIPEOFFLOAD_C_API_H_
 #define PIPEOFFLOAD_C_API_H_
 
@@ -336,6 +317,206 @@ PO_C_API_EXPORT po_status po_predictions_link(const po_predictions* predictions,
  * the predictions handle. Errors: OUT_OF_RANGE for an index outside [0, num_warnings). */
 PO_C_API_EXPORT po_status po_predictions_warning(const po_predictions* predictions,
                                                  int32_t index, const char** out);
+
+/* ---- running a pipeline with C callbacks ------------------------------------------------- */
+
+/* Every stage of a pipeline in this process, driven by the caller's compute callbacks: the C
+ * side of LocalPipeline (pipeline.h). Open plans or loads the schedule, sizes each stage's
+ * activation stash and device arena exactly from the callbacks' byte sizes, and creates one
+ * backend, local transport endpoint and executor per stage; run executes iterations, calling
+ * the stage's F / B / W callback for each compute op of its program, while the runtime moves
+ * stash entries to host memory and back (OFFLOAD / RELEASE / RELOAD) as the schedule says.
+ *
+ * Why every stage of one process, and no per-rank open yet: a per-rank stage needs the
+ * transport and rank group its job launcher made (MPI bootstrap, an NCCL communicator), which
+ * this ABI would have to accept as handles of their own; one process with a thread per stage
+ * needs none of that, is what a test or a one-GPU trainer runs, and has exactly the per-stage
+ * contract a per-rank po_stage_open will have (same callbacks, same stats). A one-stage
+ * po_pipeline is a single rank's stage. po_stage_open is a later addition under these rules.
+ *
+ * Threads.
+ *  - Stage d's callbacks (saved_bytes included) are called on a thread the library runs for
+ *    stage d during po_pipeline_open and po_pipeline_run, never on the caller's thread. Calls
+ *    of one stage never overlap one another; callbacks of different stages run at the same
+ *    time, so state shared between stages' `user` contexts needs the caller's own locking.
+ *  - on_iteration (po_pipeline_run) is called on the thread that called po_pipeline_run,
+ *    between iterations, while no callback runs: the place for an optimizer step.
+ *  - A callback may call the other po_* functions (schedule inspection, its own buffers), but
+ *    never po_pipeline_* on its own pipeline. The po_pipeline_* calls on one handle must not
+ *    overlap (thread-compatible); different pipelines are independent.
+ *  - Callbacks may block, but every wait of the other stages is bounded by
+ *    wait_timeout_seconds: a callback that takes longer makes its neighbours fail with
+ *    DEADLINE_EXCEEDED (the run's error is then still the first callback failure, if any).
+ * Buffers and streams.
+ *  - Buffers are the backend's memory: host memory on the CPU backend, device memory on the
+ *    CUDA backend. They are valid only during the call: a stash entry may move to host memory
+ *    and back to another address between F and B, so never keep a pointer across calls.
+ *  - `stream` is the stage's compute queue as an integer: 0 on the CPU backend (the callback
+ *    computes on its calling thread and returns when done), the cudaStream_t on the CUDA
+ *    backend. A CUDA callback enqueues its kernels on that stream and may return before they
+ *    finish; work on any other stream is not ordered against the offload copies (unsafe).
+ *  - po_pipeline_run returns once every queue of every stage has finished.
+ * Errors from callbacks.
+ *  - A compute callback returns PO_OK or an error code; for an error it may first give a
+ *    message with po_callback_error_set(error, ...). The run then fails with that code (an
+ *    unknown code becomes PO_ERROR_UNKNOWN) and the message "po_pipeline_run: iteration I:
+ *    stage D, F3.1: forward callback: <message>". Once a callback has failed, the other stages'
+ *    later callbacks are not called, and the run returns when every stage has stopped (the
+ *    stages waiting for the failed one stop after wait_timeout_seconds).
+ *  - saved_bytes returning <= 0 fails po_pipeline_open naming the stage and chunk.
+ *  - After a failed run the pipeline may still be read (stats of the iterations that finished,
+ *    its schedule) and freed, but not run again (FAILED_PRECONDITION): messages of the failed
+ *    iteration may still sit between the stages. Open a new one.
+ *  - Nothing the library or a callback does turns into an abort or an exception across this
+ *    boundary; a C++ callback that throws fails the run with PO_ERROR_INTERNAL. */
+
+typedef struct po_pipeline po_pipeline;             /* every stage of one process */
+typedef struct po_callback_error po_callback_error; /* where a failing callback says why */
+
+/* Gives the failing callback's reason; the text is copied. Only during the callback that got
+ * `error`; a later call replaces the message. NULL `error` or `message` is ignored. */
+PO_C_API_EXPORT void po_callback_error_set(po_callback_error* error, const char* message);
+
+/* One compute call (stage_model.h's contract, field for field). Written by the library:
+ * struct_size is the library's sizeof, and a caller compiled against an older header reads
+ * only the fields it knows (a newer header's fields past struct_size do not exist). */
+typedef struct po_compute_args {
+  uint32_t struct_size;
+  int32_t kind;             /* PO_OP_FORWARD, PO_OP_BACKWARD or PO_OP_BACKWARD_WEIGHT */
+  int32_t stage;
+  int32_t mb;
+  int32_t chunk;            /* the chunk on this stage */
+  int32_t with_weight_grad; /* B: nonzero = full backward (accumulate weight gradients too);
+                               zero = leave in `saved` what W needs. F, W: 0 */
+  /* F: the input activation (boundary_bytes), NULL on virtual stage 0 (the model reads its own
+   *    data). B: the gradient of the chunk's output, NULL on the last virtual stage (it starts
+   *    from the loss). W: NULL. */
+  const void* input;
+  /* F: where to write the output activation (boundary_bytes), NULL on the last virtual stage
+   *    (it computes the loss instead). B: where to write the gradient of the chunk's input,
+   *    NULL on virtual stage 0. W: NULL. */
+  void* output;
+  /* The stash entry of (mb, chunk), saved_bytes long: F fills it, B and W read it (B may
+   * leave what W needs in it). */
+  void* saved;
+  int64_t boundary_bytes;
+  int64_t saved_bytes;
+  uint64_t stream;          /* 0 on the CPU backend; the cudaStream_t on the CUDA backend */
+} po_compute_args;
+
+/* A compute callback: PO_OK, or an error code (and po_callback_error_set for the reason). */
+typedef po_status (*po_compute_fn)(void* user, const po_compute_args* args,
+                                   po_callback_error* error);
+
+/* One stage's model (StageModel, stage_model.h). The struct is copied at open; `user` must
+ * stay valid, and the functions callable, until po_pipeline_free. */
+typedef struct po_stage_callbacks {
+  uint32_t struct_size;
+  int32_t reserved;
+  void* user;               /* passed to every callback of this stage, untouched */
+  int64_t boundary_bytes;   /* bytes of the activation between virtual stages (> 0) */
+  /* Bytes of the stash entry of `chunk` (> 0), the same for every microbatch; with
+   * split_backward nonzero it also holds what B leaves for W. Called during open (planning)
+   * and run, so it must always give the same answer. */
+  int64_t (*saved_bytes)(void* user, int32_t stage, int32_t chunk, int32_t split_backward);
+  po_compute_fn forward;          /* F */
+  po_compute_fn backward;         /* B */
+  po_compute_fn backward_weight;  /* W; may be NULL when the schedule does not split W */
+} po_stage_callbacks;
+
+/* Sets struct_size, zeroes the rest (every callback NULL, which open rejects). */
+PO_C_API_EXPORT void po_stage_callbacks_init(po_stage_callbacks* callbacks);
+
+/* Backends (po_pipeline_options.backend). */
+enum {
+  PO_BACKEND_CPU = 0,  /* worker threads as copy engines; buffers are host memory */
+  PO_BACKEND_CUDA = 1  /* one CUDA backend per stage on cuda_device (its own streams); only
+                          when the library was built with CUDA, else PO_ERROR_UNIMPLEMENTED */
+};
+
+/* How to open a pipeline (StageOptions, pipeline.h). Exactly one of spec, schedule and
+ * schedule_file. Pointers are only read during po_pipeline_open. */
+typedef struct po_pipeline_options {
+  uint32_t struct_size;
+  int32_t backend;               /* PO_BACKEND_*; default PO_BACKEND_CPU */
+  /* Compiled (with the planner) under nominal costs and the callbacks' exact byte sizes. Its
+   * num_stages must equal the number of callback tables. */
+  const po_spec* spec;
+  const po_schedule* schedule;   /* run as given (validated, re-simulated with those bytes) */
+  const char* schedule_file;     /* a pipeoffload.schedule/1 JSON file */
+  double nominal_chunk_time;     /* F, B and W time of a chunk to plan with; default 1 */
+  double wait_timeout_seconds;   /* bound on every wait of open and run; default 60 */
+  int64_t arena_budget_bytes;    /* each stage's arena; 0 (default) = sized from the plan */
+  int32_t cuda_device;           /* PO_BACKEND_CUDA: the CUDA ordinal; default 0 */
+  int32_t reserved;
+} po_pipeline_options;
+
+/* Sets struct_size and the defaults above. */
+PO_C_API_EXPORT void po_pipeline_options_init(po_pipeline_options* options);
+
+/* Opens stage d for callbacks[d], d in [0, num_stages), every stage on a thread of its own.
+ * The pipeline has num_stages stages, which must be the schedule's stage count.
+ * Errors: INVALID_ARGUMENT for null pointers, num_stages < 1, a bad struct_size or nonzero
+ * reserved field, not exactly one schedule source, a NULL forward / backward / saved_bytes, a
+ * NULL backward_weight under a schedule that splits W, boundary_bytes <= 0 or saved_bytes <= 0
+ * (naming the stage), stages that disagree on boundary_bytes, an unknown backend;
+ * FAILED_PRECONDITION for a schedule of another stage count, or an invalid one;
+ * RESOURCE_EXHAUSTED for an arena_budget_bytes the plan does not fit (with the numbers);
+ * UNIMPLEMENTED for PO_BACKEND_CUDA in a library built without CUDA; those of
+ * po_schedule_compile and po_schedule_load. */
+PO_C_API_EXPORT po_status po_pipeline_open(const po_stage_callbacks* callbacks,
+                                           int32_t num_stages,
+                                           const po_pipeline_options* options,
+                                           po_pipeline** out);
+
+/* Called between iterations (see Threads above); nonzero fails the run with its code. */
+typedef po_status (*po_iteration_fn)(void* user, int32_t iteration, po_callback_error* error);
+
+/* Runs `num_iterations` (>= 1) iterations, each every stage's program once; after iteration i
+ * has finished on every stage, calls on_iteration(user, i, ...) when it is not NULL. Returns
+ * when the last has finished on every queue, or at the first error. The stats of each finished
+ * iteration stay readable (po_pipeline_stats) until the next run. Errors: INVALID_ARGUMENT for
+ * num_iterations < 1; FAILED_PRECONDITION after a failed run; a callback's (see above); the
+ * runtime's, naming the stage and op (DEADLINE_EXCEEDED from a stage stuck for
+ * wait_timeout_seconds); on_iteration's code with its message. */
+PO_C_API_EXPORT po_status po_pipeline_run(po_pipeline* pipeline, int32_t num_iterations,
+                                          po_iteration_fn on_iteration, void* user);
+
+/* Number of stages, p. */
+PO_C_API_EXPORT po_status po_pipeline_num_stages(const po_pipeline* pipeline, int32_t* out);
+
+/* One stage's measured iteration (IterationStats, runtime.h). Times are seconds on the
+ * backend's clock. The stash peak is the quantity the compiler predicts, exactly:
+ * po_stage_prediction.peak_bytes of po_pipeline_schedule's predictions. */
+typedef struct po_iteration_stats {
+  uint32_t struct_size;
+  int32_t stage;
+  int64_t stash_high_water_bytes;  /* logical stash peak, in program order */
+  int64_t stash_physical_high_water_bytes;  /* also counts blocks whose D2H copy still ran */
+  int64_t stash_high_water_entries;
+  int64_t p2p_high_water_bytes;    /* P2P buffers of the arena */
+  int64_t host_high_water_bytes;   /* pinned host pool in use */
+  int64_t offloaded_bytes;         /* D2H bytes this iteration */
+  int64_t reloaded_bytes;          /* H2D bytes this iteration */
+  double start_time;
+  double end_time;
+  double compute_seconds;          /* inside the callbacks */
+  double wait_seconds;             /* blocked on receives, copies, reloads and barriers */
+} po_iteration_stats;
+
+/* Stats of `stage` in iteration `iteration` of the last po_pipeline_run (the caller sets
+ * out->struct_size first). Errors: OUT_OF_RANGE for a stage outside [0, p) or an iteration
+ * that did not finish in the last run (none before the first run). */
+PO_C_API_EXPORT po_status po_pipeline_stats(const po_pipeline* pipeline, int32_t iteration,
+                                            int32_t stage, po_iteration_stats* out);
+
+/* A new handle holding the schedule the pipeline runs, with the predictions it was planned
+ * (or re-simulated) with under the callbacks' byte sizes, and that cost model
+ * (po_schedule_simulate(NULL) uses it). The caller frees it with po_schedule_free. */
+PO_C_API_EXPORT po_status po_pipeline_schedule(const po_pipeline* pipeline, po_schedule** out);
+
+/* Drains and frees every stage; NULL is allowed. Must not overlap another call on it. */
+PO_C_API_EXPORT void po_pipeline_free(po_pipeline* pipeline);
 
 #ifdef __cplusplus
 }  /* extern "C" */
