@@ -1,5 +1,6 @@
 """pipeoffload: compile, inspect, export and simulate pipeline schedules with activation
-offload, over the library's C ABI (libpipeoffload_c.so, include/pipeoffload/c_api.h).
+offload, and run every stage of a pipeline in this process with Python callbacks
+(LocalPipeline), over the library's C ABI (libpipeoffload_c.so, include/pipeoffload/c_api.h).
 
     import pipeoffload as po
     schedule = po.compile(stages=4, microbatches=8, costs=po.Costs.unit())
@@ -11,6 +12,7 @@ from . import _native
 from .errors import (Error, FailedPreconditionError, InternalError, InvalidArgumentError,
                      NotFoundError, OutOfRangeError, PermissionDeniedError,
                      ResourceExhaustedError)
+from .pipeline import BACKENDS, Call, IterationStats, LocalPipeline, run_local_pipeline
 from .predictions import LinkTraffic, Predictions, StagePrediction
 from .schedule import FORMATS, Costs, Op, Schedule, Spec, compile, load, parse
 
@@ -18,8 +20,9 @@ __version__ = _native.lib.po_version().decode()
 library_path = _native.library_path  # the libpipeoffload_c.so in use
 
 __all__ = [
-    "Costs", "Error", "FailedPreconditionError", "FORMATS", "InternalError",
-    "InvalidArgumentError", "LinkTraffic", "NotFoundError", "Op", "OutOfRangeError",
-    "PermissionDeniedError", "Predictions", "ResourceExhaustedError", "Schedule", "Spec",
-    "StagePrediction", "compile", "library_path", "load", "parse",
+    "BACKENDS", "Call", "Costs", "Error", "FailedPreconditionError", "FORMATS", "InternalError",
+    "InvalidArgumentError", "IterationStats", "LinkTraffic", "LocalPipeline", "NotFoundError",
+    "Op", "OutOfRangeError", "PermissionDeniedError", "Predictions", "ResourceExhaustedError",
+    "Schedule", "Spec", "StagePrediction", "compile", "library_path", "load", "parse",
+    "run_local_pipeline",
 ]

@@ -115,6 +115,53 @@ class LinkTraffic(ctypes.Structure):
                 ("bytes_h2d", ctypes.c_int64)]
 
 
+# --- running a pipeline (c_api.h, "running a pipeline with C callbacks") ----------------------
+
+class ComputeArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("kind", ctypes.c_int32),
+                ("stage", ctypes.c_int32), ("mb", ctypes.c_int32), ("chunk", ctypes.c_int32),
+                ("with_weight_grad", ctypes.c_int32), ("input", ctypes.c_void_p),
+                ("output", ctypes.c_void_p), ("saved", ctypes.c_void_p),
+                ("boundary_bytes", ctypes.c_int64), ("saved_bytes", ctypes.c_int64),
+                ("stream", ctypes.c_uint64)]
+
+
+# po_compute_fn, saved_bytes and po_iteration_fn; the po_callback_error* stays a void*.
+ComputeFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ComputeArgs),
+                             ctypes.c_void_p)
+SavedBytesFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                                ctypes.c_int32)
+IterationFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
+
+
+class StageCallbacks(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_int32),
+                ("user", ctypes.c_void_p), ("boundary_bytes", ctypes.c_int64),
+                ("saved_bytes", SavedBytesFn), ("forward", ComputeFn),
+                ("backward", ComputeFn), ("backward_weight", ComputeFn)]
+
+
+class PipelineOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("backend", ctypes.c_int32),
+                ("spec", ctypes.POINTER(Spec)), ("schedule", ctypes.c_void_p),
+                ("schedule_file", ctypes.c_char_p), ("nominal_chunk_time", ctypes.c_double),
+                ("wait_timeout_seconds", ctypes.c_double),
+                ("arena_budget_bytes", ctypes.c_int64), ("cuda_device", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class IterationStats(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("stage", ctypes.c_int32),
+                ("stash_high_water_bytes", ctypes.c_int64),
+                ("stash_physical_high_water_bytes", ctypes.c_int64),
+                ("stash_high_water_entries", ctypes.c_int64),
+                ("p2p_high_water_bytes", ctypes.c_int64),
+                ("host_high_water_bytes", ctypes.c_int64),
+                ("offloaded_bytes", ctypes.c_int64), ("reloaded_bytes", ctypes.c_int64),
+                ("start_time", ctypes.c_double), ("end_time", ctypes.c_double),
+                ("compute_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double)]
+
+
 def result_struct(cls):
     """A result struct with struct_size set, as the library requires before it fills one."""
     value = cls()
@@ -160,6 +207,17 @@ _SIGNATURES = {
     "po_predictions_stage": (_status, [_handle, ctypes.c_int32, _P(StagePrediction)]),
     "po_predictions_link": (_status, [_handle, ctypes.c_int32, _P(LinkTraffic)]),
     "po_predictions_warning": (_status, [_handle, ctypes.c_int32, _P(ctypes.c_char_p)]),
+    "po_callback_error_set": (None, [ctypes.c_void_p, ctypes.c_char_p]),
+    "po_stage_callbacks_init": (None, [_P(StageCallbacks)]),
+    "po_pipeline_options_init": (None, [_P(PipelineOptions)]),
+    "po_pipeline_open": (_status, [_P(StageCallbacks), ctypes.c_int32, _P(PipelineOptions),
+                                   _P(_handle)]),
+    "po_pipeline_run": (_status, [_handle, ctypes.c_int32, IterationFn, ctypes.c_void_p]),
+    "po_pipeline_num_stages": (_status, [_handle, _P(ctypes.c_int32)]),
+    "po_pipeline_stats": (_status, [_handle, ctypes.c_int32, ctypes.c_int32,
+                                    _P(IterationStats)]),
+    "po_pipeline_schedule": (_status, [_handle, _P(_handle)]),
+    "po_pipeline_free": (None, [_handle]),
 }
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _function = getattr(lib, _name)
@@ -169,6 +227,38 @@ for _name, (_restype, _argtypes) in _SIGNATURES.items():
 if lib.po_c_api_version() != C_API_VERSION:
     raise ImportError(f"pipeoffload: {library_path} speaks C API version "
                       f"{lib.po_c_api_version()}, this package version {C_API_VERSION}")
+
+
+class OwnedHandle:
+    """A library handle this object owns, freed by close(), by `with`, or when collected.
+    Subclasses name their po_*_free function (`_free`) and what they are (`_what`)."""
+    _free = None
+    _what = "handle"
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def close(self):
+        """Frees the handle now; the object may not be used afterwards."""
+        if self._handle:
+            getattr(lib, self._free)(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _live(self):
+        if not self._handle:
+            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
+                                                 "FAILED_PRECONDITION",
+                                                 f"the {self._what} was closed")
+        return self._handle
 
 
 def check(status):

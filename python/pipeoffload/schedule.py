@@ -116,33 +116,11 @@ _SPEC_FIELDS = {
 }
 
 
-class Schedule:
-    """A validated schedule and the cost model it was compiled or loaded with."""
-
-    def __init__(self, handle):
-        self._handle = handle  # a po_schedule*, owned
-
-    def close(self):
-        """Frees the handle now; the schedule may not be used afterwards."""
-        if self._handle:
-            _native.lib.po_schedule_free(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _live(self):
-        if not self._handle:
-            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
-                                                 "FAILED_PRECONDITION",
-                                                 "the schedule was closed")
-        return self._handle
+class Schedule(_native.OwnedHandle):
+    """A validated schedule and the cost model it was compiled or loaded with (a po_schedule*,
+    owned: close() frees it)."""
+    _free = "po_schedule_free"
+    _what = "schedule"
 
     @property
     def num_stages(self) -> int:
@@ -214,18 +192,25 @@ def compile(*, costs: Optional[Costs] = None, **spec) -> Schedule:  # noqa: A001
     memory_budget_bytes, strict; the ones left out keep po-schedule's defaults. `costs`: the
     cost model (None: the GPT estimate). Raises InvalidArgumentError for a bad spec,
     ResourceExhaustedError when auto finds no plan within the budget."""
-    raw = _native.Spec()
-    _native.lib.po_spec_init(ctypes.byref(raw))
-    for key, value in spec.items():
-        if key not in _SPEC_FIELDS:
-            raise TypeError(f"compile() got an unexpected keyword {key!r}; expected one of "
-                            f"{', '.join(_SPEC_FIELDS)}")
-        setattr(raw, _SPEC_FIELDS[key], _native.encode(value) if isinstance(value, str)
-                else value)
+    raw = spec_struct("compile()", spec)
     handle = ctypes.c_void_p()
     _native.check(_native.lib.po_schedule_compile(ctypes.byref(raw), _cost_pointer(costs),
                                                   ctypes.byref(handle)))
     return Schedule(handle)
+
+
+def spec_struct(caller, spec):
+    """The po_spec of compile()'s keywords `spec` (the rest keep po-schedule's defaults);
+    TypeError naming `caller` for a keyword it does not know."""
+    raw = _native.Spec()
+    _native.lib.po_spec_init(ctypes.byref(raw))
+    for key, value in spec.items():
+        if key not in _SPEC_FIELDS:
+            raise TypeError(f"{caller} got an unexpected keyword {key!r}; expected one of "
+                            f"{', '.join(_SPEC_FIELDS)}")
+        setattr(raw, _SPEC_FIELDS[key], _native.encode(value) if isinstance(value, str)
+                else value)
+    return raw
 
 
 def _load_options(format, stages, family):

@@ -1,0 +1,249 @@
+"""Run every stage of a pipeline in this process with Python callbacks (po_pipeline, c_api.h):
+the runtime walks each stage's compiled program, calls the stage model's forward / backward /
+backward_weight for its compute ops, and moves stash entries to host memory and back as the
+schedule's offload ops say.
+
+    class Stage:
+        boundary_bytes = 4 * n                        # the activation between virtual stages
+        def saved_bytes(self, chunk, split_backward): return 4 * n
+        def forward(self, call): ...                  # call.saved_array(), call.input_array()
+        def backward(self, call): ...
+    with po.LocalPipeline([Stage(), Stage()], stages=2, microbatches=4, offload="po-f") as p:
+        stats = p.run(iterations=3, on_iteration=optimizer_step)
+
+Threads: stage d's callbacks run on a thread of the library's (they take the GIL), one call at a
+time per stage, stages at once; on_iteration runs on the thread that called run(). An exception
+in a callback fails the run: run() raises the library's error (its message names the stage, op
+and the exception) chained to the exception itself."""
+import ctypes
+import dataclasses
+import os
+import threading
+from typing import Callable, List, Optional
+
+from . import _native, errors
+from .schedule import Schedule, spec_struct
+
+BACKENDS = {"cpu": 0, "cuda": 1}  # PO_BACKEND_*
+_KINDS = {0: "F", 1: "B", 2: "W"}  # PO_OP_FORWARD, _BACKWARD, _BACKWARD_WEIGHT
+
+
+class Call:
+    """One compute call of a stage (po_compute_args). Buffers are addresses (int) or None, valid
+    only during the call: host memory on the CPU backend, device memory on CUDA.
+
+    Attributes: kind ("F", "B" or "W"), stage, mb, chunk, with_weight_grad (B: full backward),
+    input (F: the input activation, None on virtual stage 0; B: the output's gradient, None on
+    the last virtual stage), output (F: the output, None on the last virtual stage; B: the
+    input's gradient, None on virtual stage 0), saved (the stash entry), boundary_bytes,
+    saved_bytes, stream (0 on the CPU backend, the cudaStream_t on CUDA)."""
+
+    __slots__ = ("kind", "stage", "mb", "chunk", "with_weight_grad", "input", "output", "saved",
+                 "boundary_bytes", "saved_bytes", "stream")
+
+    def __init__(self, args):
+        self.kind = _KINDS[args.kind]
+        self.stage, self.mb, self.chunk = args.stage, args.mb, args.chunk
+        self.with_weight_grad = bool(args.with_weight_grad)
+        self.input, self.output, self.saved = args.input, args.output, args.saved
+        self.boundary_bytes, self.saved_bytes = args.boundary_bytes, args.saved_bytes
+        self.stream = args.stream
+
+    @staticmethod
+    def _array(address, size, ctype):
+        if address is None:
+            return None
+        return (ctype * (size // ctypes.sizeof(ctype))).from_address(address)
+
+    def input_array(self, ctype=ctypes.c_float):
+        """`input` as a ctypes array of boundary_bytes / sizeof(ctype) elements (host memory
+        only), or None."""
+        return self._array(self.input, self.boundary_bytes, ctype)
+
+    def output_array(self, ctype=ctypes.c_float):
+        """`output` as a ctypes array (host memory only), or None."""
+        return self._array(self.output, self.boundary_bytes, ctype)
+
+    def saved_array(self, ctype=ctypes.c_float):
+        """`saved` as a ctypes array of saved_bytes / sizeof(ctype) elements (host memory
+        only)."""
+        return self._array(self.saved, self.saved_bytes, ctype)
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationStats:
+    """One stage's measured iteration (po_iteration_stats). stash_high_water_bytes is what the
+    compiler predicts exactly (schedule.predictions.stages[d].peak_bytes)."""
+    stage: int
+    stash_high_water_bytes: int
+    stash_physical_high_water_bytes: int
+    stash_high_water_entries: int
+    p2p_high_water_bytes: int
+    host_high_water_bytes: int
+    offloaded_bytes: int   # device-to-host bytes this iteration
+    reloaded_bytes: int    # host-to-device bytes this iteration
+    start_time: float      # seconds on the backend's clock
+    end_time: float
+    compute_seconds: float  # inside the callbacks
+    wait_seconds: float     # blocked on receives, copies, reloads and barriers
+
+
+def _error_text(exception):
+    return f"{type(exception).__name__}: {exception}"
+
+
+class LocalPipeline(_native.OwnedHandle):
+    """Every stage of a pipeline in this process, stage d driven by models[d].
+
+    A model has `boundary_bytes` (int), `saved_bytes(chunk, split_backward)` (int > 0, the same
+    for every microbatch), `forward(call)` and `backward(call)`, and `backward_weight(call)`
+    when the schedule splits W (see Call). Give the schedule as compile()'s keywords (stages,
+    microbatches, chunks, family, offload, ...; compiled under nominal costs and the models'
+    exact sizes), or as `schedule` (a Schedule) or `schedule_file` (JSON). `backend`: "cpu" or
+    "cuda" (a library built with CUDA; device `cuda_device`). `wait_timeout_seconds` bounds every
+    wait; `arena_budget_bytes` 0 sizes each stage's arena from the plan.
+
+    Raises InvalidArgumentError for a model without forward / backward / saved_bytes, a size
+    <= 0, a missing backward_weight under a split schedule (the message names the stage);
+    FailedPreconditionError for a schedule of another stage count; the compiler's errors.
+    close() (or `with`) drains and frees every stage."""
+    _free = "po_pipeline_free"
+    _what = "pipeline"
+
+    def __init__(self, models, *, schedule: Optional[Schedule] = None,
+                 schedule_file=None, backend: str = "cpu", cuda_device: int = 0,
+                 nominal_chunk_time: float = 1.0, wait_timeout_seconds: float = 60.0,
+                 arena_budget_bytes: int = 0, **spec):
+        super().__init__(None)
+        self._models = list(models)
+        self._lock = threading.Lock()
+        self._exception = None  # the first exception a callback raised
+        self._keep = []  # every ctypes callback object: the library calls them until close()
+        if backend not in BACKENDS:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+                f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        options = _native.PipelineOptions()
+        _native.lib.po_pipeline_options_init(ctypes.byref(options))
+        options.backend = BACKENDS[backend]
+        options.cuda_device = cuda_device
+        options.nominal_chunk_time = nominal_chunk_time
+        options.wait_timeout_seconds = wait_timeout_seconds
+        options.arena_budget_bytes = arena_budget_bytes
+        if spec:
+            raw_spec = spec_struct("LocalPipeline()", spec)
+            options.spec = ctypes.pointer(raw_spec)
+        if schedule is not None:
+            options.schedule = schedule._live()
+        if schedule_file is not None:
+            options.schedule_file = os.fsencode(schedule_file)
+        tables = (_native.StageCallbacks * max(len(self._models), 1))()
+        for d, model in enumerate(self._models):
+            self._fill(tables[d], model)
+        self._tables = tables
+        handle = ctypes.c_void_p()
+        self._call(_native.lib.po_pipeline_open(tables, len(self._models),
+                                                ctypes.byref(options), ctypes.byref(handle)))
+        self._handle = handle
+
+    # --- callbacks ----------------------------------------------------------------------
+
+    def _remember(self, exception):
+        with self._lock:
+            if self._exception is None:
+                self._exception = exception
+
+    def _compute(self, method):
+        """A po_compute_fn over model.method(Call); an exception becomes UNKNOWN and its text."""
+        def call(user, args, error):
+            try:
+                method(Call(args.contents))
+                return errors.OK
+            except BaseException as exception:  # noqa: B036 (nothing may unwind into C)
+                self._remember(exception)
+                _native.lib.po_callback_error_set(error, _error_text(exception).encode())
+                return errors.UNKNOWN
+        return _native.ComputeFn(call)
+
+    def _saved_bytes(self, model):
+        def saved_bytes(user, stage, chunk, split_backward):
+            try:
+                return int(model.saved_bytes(chunk, bool(split_backward)))
+            except BaseException as exception:  # noqa: B036
+                self._remember(exception)
+                return -1  # the library then fails open naming the stage and chunk
+        return _native.SavedBytesFn(saved_bytes)
+
+    def _fill(self, table, model):
+        _native.lib.po_stage_callbacks_init(ctypes.byref(table))
+        table.boundary_bytes = int(getattr(model, "boundary_bytes", 0))
+        if hasattr(model, "saved_bytes"):
+            table.saved_bytes = self._saved_bytes(model)
+            self._keep.append(table.saved_bytes)
+        for field in ("forward", "backward", "backward_weight"):
+            method = getattr(model, field, None)
+            if method is not None:  # a missing one stays NULL, which open names
+                function = self._compute(method)
+                setattr(table, field, function)
+                self._keep.append(function)
+
+    def _call(self, status):
+        """check(status), the error chained to (and naming) the first callback exception."""
+        if status == errors.OK:
+            return
+        code_name = _native.lib.po_status_name(status).decode()
+        message = _native.lib.po_last_error_message().decode()
+        with self._lock:
+            exception, self._exception = self._exception, None
+        if exception is not None and _error_text(exception) not in message:
+            message += f" (a callback raised {_error_text(exception)})"
+        raise errors.error_for(status, code_name, message) from exception
+
+    # --- the pipeline -------------------------------------------------------------------
+
+    @property
+    def num_stages(self) -> int:
+        return len(self._models)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule the stages run, with the predictions they were planned with."""
+        handle = ctypes.c_void_p()
+        _native.check(_native.lib.po_pipeline_schedule(self._live(), ctypes.byref(handle)))
+        return Schedule(handle)
+
+    def run(self, iterations: int = 1,
+            on_iteration: Optional[Callable[[int], None]] = None) -> List[List[IterationStats]]:
+        """Runs `iterations` iterations; after iteration i has finished on every stage, calls
+        on_iteration(i) (e.g. an optimizer step). Returns stats[i][d] of every iteration and
+        stage. After a failed run the pipeline may only be closed (FailedPreconditionError
+        otherwise): open a new one."""
+        handle = self._live()
+        hook = _native.IterationFn()  # NULL
+        if on_iteration is not None:
+            def call_on_iteration(user, iteration, error):
+                try:
+                    on_iteration(iteration)
+                    return errors.OK
+                except BaseException as exception:  # noqa: B036
+                    self._remember(exception)
+                    _native.lib.po_callback_error_set(error, _error_text(exception).encode())
+                    return errors.UNKNOWN
+            hook = _native.IterationFn(call_on_iteration)
+        self._call(_native.lib.po_pipeline_run(handle, iterations, hook, None))
+        return [[self._stats(i, d) for d in range(self.num_stages)] for i in range(iterations)]
+
+    def _stats(self, iteration, stage):
+        raw = _native.result_struct(_native.IterationStats)
+        _native.check(_native.lib.po_pipeline_stats(self._handle, iteration, stage,
+                                                    ctypes.byref(raw)))
+        return IterationStats(**{field.name: getattr(raw, field.name)
+                                 for field in dataclasses.fields(IterationStats)})
+
+
+def run_local_pipeline(models, iterations: int = 1, *,
+                       on_iteration: Optional[Callable[[int], None]] = None,
+                       **options) -> List[List[IterationStats]]:
+    """Opens a LocalPipeline(models, **options), runs it and closes it; returns its stats."""
+    with LocalPipeline(models, **options) as pipeline:
+        return pipeline.run(iterations, on_iteration)
