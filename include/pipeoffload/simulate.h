@@ -15,9 +15,22 @@
 //  - OFFLOAD and RELOAD start when issued, their F done (OFFLOAD) and their copy engine free;
 //    RELEASE waits for its OFFLOAD to finish, and the ops after it wait for the RELEASE; BARRIER
 //    is a rendezvous with its partner and gates the ops after it.
-// Memory follows program order: +entry at F and RELOAD, -entry at RELEASE and at B (unsplit) or
-// W (split). Validate's deadlock check is stricter (blocking rendezvous for SEND/RECV too), so a
-// schedule that passes Validate never hangs here.
+// Memory, two ways:
+//  - StagePrediction::peak_* follow program order: +entry at F and RELOAD, -entry at RELEASE and
+//    at B (unsplit) or W (split). That is the runtime's logical stash count, and its physical
+//    one too: the runtime's RELOAD makes its H2D wait for the compute issued before it
+//    (activation_stash.cc, reload_ready), so the block a B frees can go to the next RELOAD.
+//  - Timeline::memory and PeaksInTime follow the simulated timeline: an entry holds memory from
+//    the start of the op that allocates it (F's start, RELOAD's copy start) to the end of the
+//    op that frees it (RELEASE, which starts once its OFFLOAD's copy ended; B's or W's end).
+//    At one instant, frees come before allocations: the op that frees has ended, and an op
+//    starting then may take its memory (an F right after a B reuses the B's block). Instants
+//    are compared exactly as the simulator computes them (an op starting when another ends is
+//    given that end time). The simulator starts a RELOAD's copy when it is issued, so the
+//    timeline count can exceed the program-order one (by the entries of B/Ws still running
+//    when a RELOAD after them starts), never fall below it.
+// Validate's deadlock check is stricter (blocking rendezvous for SEND/RECV too), so a schedule
+// that passes Validate never hangs here.
 #ifndef PIPEOFFLOAD_SIMULATE_H_
 #define PIPEOFFLOAD_SIMULATE_H_
 
@@ -77,9 +90,19 @@ struct MemorySample {
 
 struct Timeline {
   std::vector<std::vector<TimedOp>> stages;             // [stage][program index]
-  std::vector<std::vector<MemorySample>> memory;         // [stage], in time order
+  std::vector<std::vector<MemorySample>> memory;         // [stage], in time order (see above)
   Predictions predictions;
 };
+
+// The most device activation memory one stage holds at any instant of the timeline.
+struct PeakInTime {
+  std::int64_t units = 0;  // stash entries
+  std::int64_t bytes = 0;  // may be reached at another instant than `units` (chunks differ)
+};
+
+// Per stage, the peaks of timeline.memory (the time-ordered count above). Each is at least the
+// stage's StagePrediction peak of the same timeline.
+std::vector<PeakInTime> PeaksInTime(const Timeline& timeline);
 
 // Simulates `schedule` (which should already pass Validate). The predictions' *_without_offload
 // fields are filled by simulating the same programs with the offload ops removed.

@@ -507,8 +507,8 @@ absl::StatusOr<std::vector<std::vector<TimedOp>>> RunPrograms(const Schedule& sc
   return timed;
 }
 
-// Program-order memory of one stage (the *units / *_bytes fields), its time-ordered samples,
-// and its busy/end times.
+// Program-order memory of one stage (the *units / *_bytes fields), its time-ordered samples
+// (simulate.h: who holds memory when, and ties), and its busy/end times.
 void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
                  const std::vector<TimedOp>& timed, StagePrediction* out,
                  std::vector<MemorySample>* samples) {
@@ -566,8 +566,11 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     if (t.engine == Engine::kCompute) out->busy_time += t.end - t.start;
     out->end_time = std::max(out->end_time, t.end);
   }
+  // Time order; at one instant frees first (simulate.h), then program order.
   std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
-    return a.time != b.time ? a.time < b.time : a.index < b.index;
+    if (a.time != b.time) return a.time < b.time;
+    if ((a.units < 0) != (b.units < 0)) return a.units < 0;
+    return a.index < b.index;
   });
   MemorySample current;
   for (const Change& change : changes) {
@@ -671,6 +674,17 @@ absl::StatusOr<Timeline> Simulate(const Schedule& schedule, const CostModel& cos
   predictions.links = Traffic(timeline, cost, p);
   predictions.collisions = CountCollisions(timeline, cost, p);
   return timeline;
+}
+
+std::vector<PeakInTime> PeaksInTime(const Timeline& timeline) {
+  std::vector<PeakInTime> peaks(timeline.memory.size());
+  for (std::size_t s = 0; s < timeline.memory.size(); ++s) {
+    for (const MemorySample& sample : timeline.memory[s]) {
+      peaks[s].units = std::max(peaks[s].units, sample.units);
+      peaks[s].bytes = std::max(peaks[s].bytes, sample.bytes);
+    }
+  }
+  return peaks;
 }
 
 int CountCollisions(const Timeline& timeline, const CostModel& cost, int num_stages) {

@@ -1,6 +1,7 @@
 // Simulate and CountCollisions: exact start/end times of hand-built schedules (non-blocking
 // P2P posts and their transfers, engines, offload timing, duplex vs solo bandwidth, a shared
-// copy engine), collisions, memory peaks and samples, link traffic, hangs and bad input; 1F1B
+// copy engine), collisions, memory peaks and samples (in program order and in time, with the
+// hand-worked 1F1B p=4 m=4 po-h case where they differ), link traffic, hangs and bad input; 1F1B
 // unit-cost properties over many configs; speed. Cases tagged [compiler] run the real compiler.
 #include "pipeoffload/simulate.h"
 
@@ -879,6 +880,70 @@ TEST_CASE("compiled 1F1B under unit costs", "[sim][compiler]") {
       CHECK(t.predictions.stages[static_cast<std::size_t>(d)].peak_units == std::min(p - d, m));
     }
   }
+}
+
+TEST_CASE("1F1B p=4 m=4 po-h, unit costs: stage 0 holds 4 entries in time, 3 in program order",
+          "[sim][memory][compiler]") {
+  PipelineSpec spec;
+  spec.num_stages = 4;
+  spec.num_microbatches = 4;
+  spec.offload = OffloadPolicy::kHalf;
+  const CostModel cost = UnitCostModel(0.25);  // F = 1, B = 2, a copy 0.75
+  absl::StatusOr<Schedule> schedule = Compile(spec, cost);
+  REQUIRE(schedule.ok());
+  absl::StatusOr<Timeline> timeline = Simulate(*schedule, cost);
+  REQUIRE(timeline.ok());
+  // Stage 0 offloads mb 0 and 1 after their F (released at 1.75 and 3.5), runs F2 at 3.5-4.5
+  // and F3 at 4.5-5.5, reloads mb 0 at 4.5-5.25, then B0 at 10-12 and RELOAD1 right after it
+  // in program order, its copy starting at 10, when B0 is issued. Program order: B0 frees mb 0
+  // before RELOAD1 allocates, so at most 3 (mb 0, 2, 3 after RELOAD0; mb 1, 2, 3 after
+  // RELOAD1). In time, during [10, 12) mb 0 (B0 still running), 1 (its copy), 2 and 3: 4.
+  const std::vector<TimedOp>& ops = timeline->stages[0];
+  const auto find = [&](OpKind kind, int mb) {
+    const auto it = std::find_if(ops.begin(), ops.end(), [&](const TimedOp& t) {
+      return t.op.kind == kind && t.op.mb == mb;
+    });
+    REQUIRE(it != ops.end());
+    return *it;
+  };
+  CHECK(find(OpKind::kBackward, 0).start == 10.0);
+  CHECK(find(OpKind::kBackward, 0).end == 12.0);
+  CHECK(find(OpKind::kBackward, 0).index + 1 == find(OpKind::kReload, 1).index);
+  CHECK(find(OpKind::kReload, 1).start == 10.0);
+  CHECK(find(OpKind::kRelease, 1).start == 3.5);
+  const StagePrediction& stage0 = timeline->predictions.stages[0];
+  CHECK(stage0.peak_units == 3);
+  CHECK(stage0.peak_bytes == 3 * cost.activation_bytes);
+  const std::vector<PeakInTime> peaks = PeaksInTime(*timeline);
+  REQUIRE(peaks.size() == 4);
+  CHECK(peaks[0].units == 4);
+  CHECK(peaks[0].bytes == 4 * cost.activation_bytes);
+  // The sample that reaches 4 is RELOAD1's, at 10; B0's free follows at 12.
+  const std::vector<MemorySample>& samples = timeline->memory[0];
+  const auto top = std::max_element(samples.begin(), samples.end(),
+                                    [](const auto& a, const auto& b) { return a.units < b.units; });
+  CHECK(top->time == 10.0);
+  CHECK(std::next(top)->time == 12.0);
+  CHECK(std::next(top)->units == 3);
+}
+
+TEST_CASE("at one instant a free comes before an allocation: 1F1B without offload, p = 1",
+          "[sim][memory][compiler]") {
+  // F0 0-1, B0 1-3, F1 3-4 ...: B0's end and F1's start are one instant; one entry at a time.
+  PipelineSpec spec;
+  spec.num_microbatches = 3;
+  const CostModel cost = UnitCostModel(0.25);
+  absl::StatusOr<Schedule> schedule = Compile(spec, cost);
+  REQUIRE(schedule.ok());
+  absl::StatusOr<Timeline> timeline = Simulate(*schedule, cost);
+  REQUIRE(timeline.ok());
+  CHECK(PeaksInTime(*timeline)[0].units == 1);
+  const std::vector<MemorySample>& samples = timeline->memory[0];
+  REQUIRE(samples.size() == 6);
+  CHECK(samples[1].time == 3.0);  // B0's free ...
+  CHECK(samples[1].units == 0);
+  CHECK(samples[2].time == 3.0);  // ... then F1's allocation
+  CHECK(samples[2].units == 1);
 }
 
 }  // namespace
