@@ -161,7 +161,7 @@ TEST_CASE("Linear layers match the CPU matmuls in bf16 tolerance", "[gpt_cuda][g
     ::pipeoffload::gpt::MatmulBackwardWeight(dw.data(), nullptr, dy.data(), x.data(), N, IC, OC);
     ::pipeoffload::gpt::MatmulBackwardWeight(dw.data(), nullptr, dy.data(), x.data(), N, IC, OC);
     DeviceBytes grad(std::int64_t{OC} * IC * 4);
-    REQUIRE(cudaMemset(grad.data(), 0, static_cast<std::size_t>(grad.size())) == cudaSuccess);
+    grad.Zero();
     for (int rep = 0; rep < 2; ++rep) {
       PO_MODEL_TEST_OK(linear->BackwardWeight(
           static_cast<float*>(grad.data()), static_cast<const bf16*>(ddy.data()), xd, {N, IC, OC}));
@@ -173,7 +173,7 @@ TEST_CASE("Linear layers match the CPU matmuls in bf16 tolerance", "[gpt_cuda][g
     CHECK(error <= kLinearTolerance);
     // Pinned plans: a third call plans nothing new and adds the same bits again.
     const std::int64_t plans = linear->stats().plans;
-    REQUIRE(cudaMemset(grad.data(), 0, static_cast<std::size_t>(grad.size())) == cudaSuccess);
+    grad.Zero();
     for (int rep = 0; rep < 2; ++rep) {
       PO_MODEL_TEST_OK(linear->BackwardWeight(
           static_cast<float*>(grad.data()), static_cast<const bf16*>(ddy.data()), xd, {N, IC, OC}));

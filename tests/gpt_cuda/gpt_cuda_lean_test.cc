@@ -34,6 +34,7 @@ using model_testing::CopyToDevice;
 using model_testing::CopyToHost;
 using model_testing::DeviceBytes;
 using model_testing::DownloadBf16;
+using model_testing::FillDevice;
 using model_testing::RandomBf16Values;
 using model_testing::RelativeError;
 using model_testing::Report;
@@ -89,12 +90,6 @@ std::vector<float> DownloadF32(const void* device, std::int64_t n) {
   return out;
 }
 
-void PoisonDevice(void* ptr, std::int64_t bytes) {
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  REQUIRE(cudaMemset(ptr, 0xFF, static_cast<std::size_t>(bytes)) == cudaSuccess);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-}
-
 LayerRun RunLayer(const LayerDims& dims, const std::vector<float>& weights,
                   const std::vector<float>& x, const std::vector<float>& dout) {
   auto backend = testing::NewCudaBackend();
@@ -106,7 +101,7 @@ LayerRun RunLayer(const LayerDims& dims, const std::vector<float>& weights,
   DeviceBytes w_dev(table.total * 2), dw_dev(table.total * 4);
   const std::vector<std::uint16_t> w_bits = ToBf16Bits(weights);
   CopyToDevice(w_dev.data(), w_bits.data(), table.total * 2);
-  REQUIRE(cudaMemset(dw_dev.data(), 0, static_cast<std::size_t>(dw_dev.size())) == cudaSuccess);
+  dw_dev.Zero();
   const LayerWeights w = table.At(static_cast<const bf16*>(w_dev.data()));
   const LayerWeightGrads dw = table.At(static_cast<float*>(dw_dev.data()));
 
@@ -145,9 +140,9 @@ LayerRun RunLayer(const LayerDims& dims, const std::vector<float>& weights,
   run.g = DownloadBf16(gelu, 4 * nc);
   if (dims.lean_saved) {
     // Poison what forward left in the scratch: the recompute must write every element.
-    PoisonDevice(ln1, nc * 2);
-    PoisonDevice(ln2, nc * 2);
-    PoisonDevice(gelu, 4 * nc * 2);
+    FillDevice(ln1, nc * 2, 0xFF);
+    FillDevice(ln2, nc * 2, 0xFF);
+    FillDevice(gelu, 4 * nc * 2, 0xFF);
     const LayerActivations r = ValueOrFail(RecomputeLeanActivations(*context, w, a));
     CHECK(r.ln1_out == ln1);
     CHECK(r.ln2_out == ln2);
@@ -165,9 +160,9 @@ LayerRun RunLayer(const LayerDims& dims, const std::vector<float>& weights,
                      DownloadBf16(g.d_ln1out, nc)};
   if (dims.lean_saved) {
     // W must recompute for itself: NaN here would poison every weight gradient that reads it.
-    PoisonDevice(ln1, nc * 2);
-    PoisonDevice(ln2, nc * 2);
-    PoisonDevice(gelu, 4 * nc * 2);
+    FillDevice(ln1, nc * 2, 0xFF);
+    FillDevice(ln2, nc * 2, 0xFF);
+    FillDevice(gelu, 4 * nc * 2, 0xFF);
   }
   PO_MODEL_TEST_OK(LayerBackwardWeight(*context, w, dw, a, g));
   std::vector<float> all_dw = DownloadF32(dw_dev.data(), table.total);

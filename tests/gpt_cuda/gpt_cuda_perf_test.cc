@@ -74,7 +74,7 @@ TEST_CASE("GEMM rates of the h=8192 layer shapes", "[.gpt_cuda_perf]") {
     FillRandom(w, 0.02f, 2);
     FillRandom(b, 0.02f, 3);
     FillRandom(y, 1.0f, 4);
-    REQUIRE(cudaMemset(dw.data(), 0, static_cast<std::size_t>(dw.size())) == cudaSuccess);
+    dw.Zero();
     const bool gelu = shape.OC == 4 * h;
     const LinearDims dims{s, shape.IC, shape.OC};
     const double flops = 2.0 * s * shape.IC * static_cast<double>(shape.OC);

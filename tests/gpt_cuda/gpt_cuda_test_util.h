@@ -36,8 +36,22 @@ T ValueOrFail(absl::StatusOr<T> result) {
   return std::move(*result);
 }
 
+// Sets `bytes` bytes at `device` to `value` once everything queued on the device is done, and
+// returns when they are set. Both waits matter: cudaMemset runs on the legacy default stream,
+// which does not wait for work on streams created cudaStreamNonBlocking (the CUDA backend's
+// compute stream, where the models launch), nor do those streams wait for it. Without the first
+// wait the memset overwrites a buffer that queued kernels still read (the flaky NaN of
+// "GPU training steps track the CPU reference trainer": the next microbatch's Poison of the
+// saved region ran under the previous one's Backward, whose TokenBackwardKernel then read token
+// -1); without the second, the model's next kernels may run before the bytes land.
+inline void FillDevice(void* device, std::int64_t bytes, int value) {
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(cudaMemset(device, value, static_cast<std::size_t>(bytes)) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+}
+
 // Bytes of device memory, freed with the object; starts poisoned (every bit set: NaN as bf16
-// and fp32), so anything a kernel forgets to write is NaN.
+// and fp32, -1 as int32), so anything a kernel forgets to write is NaN.
 class DeviceBytes {
  public:
   explicit DeviceBytes(std::int64_t bytes) : bytes_(bytes) {
@@ -51,10 +65,9 @@ class DeviceBytes {
   void* data() const { return data_; }
   std::byte* bytes_ptr() const { return static_cast<std::byte*>(data_); }
   std::int64_t size() const { return bytes_; }
-  void Poison() const {
-    REQUIRE(cudaMemset(data_, 0xFF, static_cast<std::size_t>(bytes_)) == cudaSuccess);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  }
+  // Both after all queued work (FillDevice): safe between calls of a model on any stream.
+  void Poison() const { FillDevice(data_, bytes_, 0xFF); }
+  void Zero() const { FillDevice(data_, bytes_, 0); }
 
  private:
   void* data_ = nullptr;

@@ -11,6 +11,9 @@
 // spikes at step 3 (4.39 -> 6.35 on the CPU), a chaotic moment where both runs jump and their
 // 2e-3 difference grows thirtyfold (measured: 6.4e-2); a comparison of two roundings needs a
 // stable trajectory.
+// The saved region is poisoned before every microbatch (NaN activations, token -1) and every
+// parameter gradient must be finite after each step's backward, so a read of anything not
+// written fails in the step that made it.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +35,12 @@ using model_testing::ValueOrFail;
 
 constexpr double kLossTolerance = 2e-2;
 constexpr int kSteps = 5;
+
+std::int64_t CountNonFinite(const std::vector<float>& values) {
+  std::int64_t bad = 0;
+  for (float v : values) bad += std::isfinite(v) ? 0 : 1;
+  return bad;
+}
 
 double Mean(const std::vector<double>& values) {
   double sum = 0.0;
@@ -76,11 +85,17 @@ TEST_CASE("GPU training steps track the CPU reference trainer", "[gpt_cuda][gpt_
       const std::vector<double> cpu = ValueOrFail(reference->TrainStep());
       PO_MODEL_TEST_OK(model->StartIteration(step));
       for (int mb = 0; mb < config.num_microbatches; ++mb) {
-        saved.Poison();
+        saved.Poison();  // after the previous microbatch's Backward (FillDevice waits)
         PO_MODEL_TEST_OK(model->Forward(mb, 0, nullptr, nullptr, saved.data()));
         PO_MODEL_TEST_OK(model->Backward(mb, 0, nullptr, nullptr, saved.data(), true));
       }
       const std::vector<double> gpu = ValueOrFail(model->Losses());
+      // A gradient that read poison (a NaN activation, a token of -1) fails here, in the step
+      // that computed it, rather than as a NaN loss one step later.
+      for (int id = 0; id < model->num_tensors(); ++id) {
+        INFO("step " << step << ": gradient of tensor " << id);
+        CHECK(CountNonFinite(ValueOrFail(model->DownloadGrad(id))) == 0);
+      }
       PO_MODEL_TEST_OK(model->OptimizerStep());
       REQUIRE(gpu.size() == cpu.size());
       cpu_means.push_back(Mean(cpu));

@@ -73,8 +73,11 @@ class DeviceArray {
     PO_TEST_CUDA(cudaMemcpy(host.data(), data(), bytes(), cudaMemcpyDeviceToHost));
     return host;
   }
-  // Every bit set: NaN as bf16 and as fp32, so an element a kernel skips can never pass.
+  // Every bit set: NaN as bf16 and as fp32, so an element a kernel skips can never pass. Waits
+  // first: the memset (legacy default stream) does not wait for kernels still queued on the
+  // non-blocking test stream, which may be reading this array.
   void Poison() const {
+    PO_TEST_CUDA(cudaDeviceSynchronize());
     PO_TEST_CUDA(cudaMemset(data(), 0xFF, bytes()));
     PO_TEST_CUDA(cudaDeviceSynchronize());
   }

@@ -163,6 +163,14 @@ absl::StatusOr<std::unique_ptr<GptCudaContext>> GptCudaContext::Create(const Lay
                                                    " T=", dims.T, " NH=", dims.NH));
   }
   PO_ASSIGN_OR_RETURN(context->attention_workspace_, memory.Allocate(attention));
+  // Poisoned once (every bit set: NaN in fp32 and bf16). The products write every score the
+  // softmax reads and the softmax every probability the products read (kernels_attention.cc),
+  // so any other read shows as a NaN loss instead of passing on whatever cudaMalloc left. It
+  // also marks the bytes initialized for compute-sanitizer's initcheck, which (before its
+  // 2025.4 release) does not see cuBLAS's TMA stores (cp.async.bulk) into the scores and so
+  // reported the softmax's reads of them as uninitialized.
+  PO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(context->attention_workspace_, 0xFF,
+                                          static_cast<std::size_t>(attention), stream));
 
   PO_ASSIGN_OR_RETURN(context->norm_scratch_,
                       memory.AllocateArray<float>(LayerNormWeightScratchFloats(n, dims.C)));

@@ -161,7 +161,7 @@ class GptCudaContext {
   cudaStream_t stream() const { return stream_; }
   Linear& linear() { return *linear_; }
   cublasHandle_t cublas() const { return cublas_; }
-  void* attention_workspace() const { return attention_workspace_; }
+  void* attention_workspace() const { return attention_workspace_; }  // NaN-poisoned at Create
   float* norm_scratch() const { return norm_scratch_; }  // LayerNormWeightScratchFloats
   float* bias_scratch() const { return bias_scratch_; }  // BiasScratchFloats up to the width
   bf16* d_atty() const { return d_atty_; }               // (N,C)
