@@ -52,6 +52,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/status_macros.h"
+#include "lib/sim/simulate_parts.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
@@ -272,13 +273,15 @@ Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
 }
 
 // Re-simulates `planned`: "" when it is valid, within kOverheadBudget of the lowered
-// schedule's step time and adds no collision; else what is wrong.
+// schedule's step time and adds no collision; else what is wrong. The timeline's
+// step_time_without_offload is left for the plan that is kept (PlanOffloadImpl, at its end): each
+// candidate would cost a second simulation for a number only the kept one reports.
 std::string Check(const Schedule& planned, const CostModel& cost, const Predictions& baseline,
                   Timeline* timeline) {
   if (absl::Status valid = Validate(planned); !valid.ok()) {
     return absl::StrCat("it fails validation: ", std::string(valid.message()));
   }
-  absl::StatusOr<Timeline> simulated = Simulate(planned, cost);
+  absl::StatusOr<Timeline> simulated = internal::SimulateOnce(planned, cost);
   if (!simulated.ok()) {
     return absl::StrCat("it does not simulate: ", std::string(simulated.status().message()));
   }
@@ -454,6 +457,10 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
     return absl::FailedPreconditionError(absl::StrCat("strict offload: ", warnings.front()));
   }
   planned.predictions = timeline.predictions;
+  if (internal::HasTransfers(planned)) {
+    PO_ASSIGN_OR_RETURN(planned.predictions->step_time_without_offload,
+                        internal::StepTimeWithoutTransfers(planned, cost));
+  }
   for (std::string& warning : warnings) planned.predictions->warnings.push_back(std::move(warning));
   return planned;
 }

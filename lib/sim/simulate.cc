@@ -39,6 +39,7 @@
 #include "lib/ir/grid_format.h"
 #include "lib/ir/grid_index.h"
 #include "lib/sim/sim_cost_check.h"
+#include "lib/sim/simulate_parts.h"
 
 namespace pipeoffload {
 namespace {
@@ -626,7 +627,36 @@ std::string_view EngineName(Engine engine) {
   return "none";
 }
 
-absl::StatusOr<Timeline> Simulate(const Schedule& schedule, const CostModel& cost) {
+namespace internal {
+
+absl::StatusOr<double> StepTimeWithoutTransfers(const Schedule& schedule, const CostModel& cost) {
+  // What offload costs in time: the same programs without the ops that move activations.
+  const auto is_transfer = [](const Op& op) {
+    return IsOffload(op.kind) || op.kind == OpKind::kBarrier;
+  };
+  Schedule plain = schedule;
+  for (StageProgram& program : plain.stages) std::erase_if(program.ops, is_transfer);
+  absl::StatusOr<std::vector<std::vector<TimedOp>>> plain_timed = RunPrograms(plain, cost);
+  if (!plain_timed.ok()) {
+    return Annotate(plain_timed.status(), "Simulate: the programs without offload ops");
+  }
+  double plain_step_time = 0.0;
+  for (const auto& stage : *plain_timed) {
+    for (const TimedOp& t : stage) plain_step_time = std::max(plain_step_time, t.end);
+  }
+  return plain_step_time;
+}
+
+bool HasTransfers(const Schedule& schedule) {
+  for (const StageProgram& program : schedule.stages) {
+    for (const Op& op : program.ops) {
+      if (IsOffload(op.kind) || op.kind == OpKind::kBarrier) return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel& cost) {
   PO_RETURN_IF_ERROR(CheckStructure(schedule, nullptr));
   PO_RETURN_IF_ERROR(Annotate(
       internal::CheckCostModel(cost, schedule.spec.num_stages, schedule.spec.chunks_per_stage),
@@ -634,28 +664,6 @@ absl::StatusOr<Timeline> Simulate(const Schedule& schedule, const CostModel& cos
   const int p = schedule.spec.num_stages;
   Timeline timeline;
   PO_ASSIGN_OR_RETURN(timeline.stages, RunPrograms(schedule, cost));
-
-  // The same programs without transfers: what offload costs in time. Without any transfer op
-  // that is the run above, so it is not repeated.
-  const auto is_transfer = [](const Op& op) {
-    return IsOffload(op.kind) || op.kind == OpKind::kBarrier;
-  };
-  bool any_transfer = false;
-  for (const StageProgram& program : schedule.stages) {
-    any_transfer = any_transfer || std::any_of(program.ops.begin(), program.ops.end(), is_transfer);
-  }
-  double plain_step_time = 0.0;
-  if (any_transfer) {
-    Schedule plain = schedule;
-    for (StageProgram& program : plain.stages) std::erase_if(program.ops, is_transfer);
-    absl::StatusOr<std::vector<std::vector<TimedOp>>> plain_timed = RunPrograms(plain, cost);
-    if (!plain_timed.ok()) {
-      return Annotate(plain_timed.status(), "Simulate: the programs without offload ops");
-    }
-    for (const auto& stage : *plain_timed) {
-      for (const TimedOp& t : stage) plain_step_time = std::max(plain_step_time, t.end);
-    }
-  }
 
   Predictions& predictions = timeline.predictions;
   predictions.stages.resize(static_cast<std::size_t>(p));
@@ -668,11 +676,22 @@ absl::StatusOr<Timeline> Simulate(const Schedule& schedule, const CostModel& cos
     predictions.step_time = std::max(predictions.step_time, stage.end_time);
     busy += stage.busy_time;
   }
-  predictions.step_time_without_offload = any_transfer ? plain_step_time : predictions.step_time;
+  predictions.step_time_without_offload = predictions.step_time;
   predictions.bubble_ratio =
       predictions.step_time > 0 ? 1.0 - busy / (p * predictions.step_time) : 0.0;
   predictions.links = Traffic(timeline, cost, p);
   predictions.collisions = CountCollisions(timeline, cost, p);
+  return timeline;
+}
+
+}  // namespace internal
+
+absl::StatusOr<Timeline> Simulate(const Schedule& schedule, const CostModel& cost) {
+  PO_ASSIGN_OR_RETURN(Timeline timeline, internal::SimulateOnce(schedule, cost));
+  if (internal::HasTransfers(schedule)) {
+    PO_ASSIGN_OR_RETURN(timeline.predictions.step_time_without_offload,
+                        internal::StepTimeWithoutTransfers(schedule, cost));
+  }
   return timeline;
 }
 

@@ -1,0 +1,27 @@
+// Simulate in its two parts, for callers that simulate many candidate schedules and need the
+// step without offload of one of them only (the offload planner): the run of the programs as
+// they are, and the run without their transfer ops. Simulate(s, c) is SimulateOnce, then, when
+// HasTransfers(s), step_time_without_offload = StepTimeWithoutTransfers(s, c).
+#ifndef PIPEOFFLOAD_LIB_SIM_SIMULATE_PARTS_H_
+#define PIPEOFFLOAD_LIB_SIM_SIMULATE_PARTS_H_
+
+#include "absl/status/statusor.h"
+#include "pipeoffload/simulate.h"
+
+namespace pipeoffload::internal {
+
+// Simulate without the second run: predictions.step_time_without_offload is step_time.
+[[nodiscard]] absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule,
+                                                    const CostModel& cost);
+
+// True when `schedule` holds an OFFLOAD, RELEASE, RELOAD or BARRIER.
+bool HasTransfers(const Schedule& schedule);
+
+// The step time of `schedule`'s programs with those ops removed. REQUIRES: `schedule` passed
+// SimulateOnce under `cost`. Errors: as Simulate's, annotated "the programs without offload ops".
+[[nodiscard]] absl::StatusOr<double> StepTimeWithoutTransfers(const Schedule& schedule,
+                                                              const CostModel& cost);
+
+}  // namespace pipeoffload::internal
+
+#endif  // PIPEOFFLOAD_LIB_SIM_SIMULATE_PARTS_H_
