@@ -135,8 +135,17 @@ def torch_schedule(args):
 
 
 def run_torch_schedule_child(args):
-    command = [sys.executable, os.path.abspath(__file__), "--only-torch-schedule"] + [
-        a for a in sys.argv[1:] if not a.startswith(("--json", "--markdown"))]
+    # The child gets the model flags, not the output files (the parent writes those).
+    forwarded = []
+    skip_value = False
+    for a in sys.argv[1:]:
+        if skip_value:
+            skip_value = False
+        elif a in ("--json", "--markdown"):
+            skip_value = True
+        elif not a.startswith(("--json=", "--markdown=")):
+            forwarded.append(a)
+    command = [sys.executable, os.path.abspath(__file__), "--only-torch-schedule"] + forwarded
     try:
         done = subprocess.run(command, capture_output=True, text=True,
                               timeout=args.torch_timeout)

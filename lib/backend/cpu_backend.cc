@@ -6,7 +6,8 @@
 // Invariants (all guarded by mu_):
 //  - An event's `generation` counts its recordings; `completed` is the highest generation whose
 //    recorded work has finished. The event is complete iff completed >= generation, so an event
-//    never recorded (generation 0) is complete.
+//    never recorded by its owner (`recorded` false; generation 0, or a recycled id's old count)
+//    is complete, and has no time.
 //  - A kRecord task completes generation g of its event when the worker reaches it, i.e. after
 //    every earlier task of that queue finished (in-order queues).
 //  - A kWait task blocks its queue until its event's `completed` reaches the generation captured
@@ -38,6 +39,9 @@ constexpr std::int64_t kDeviceAlignment = 256;
 
 struct EventState {
   bool live = false;
+  // Recorded by its current owner: a recycled id keeps counting generations, so the count
+  // alone cannot tell a fresh event from one whose previous owner's recording completed.
+  bool recorded = false;
   std::uint64_t generation = 0;
   std::uint64_t completed = 0;
   QueueKind recorded_on = QueueKind::kCompute;
@@ -151,6 +155,7 @@ class CpuBackend final : public Backend {
     }
     EventState& state = events_[static_cast<std::size_t>(id)];
     state.live = true;
+    state.recorded = false;
     // Generations keep counting across reuse of the id, so a stale task of a previous owner
     // can never complete the new owner's recording.
     state.completed = state.generation;
@@ -170,6 +175,7 @@ class CpuBackend final : public Backend {
     if (absl::Status ok = CheckEventLocked(event); !ok.ok()) return ok;
     EventState& state = events_[static_cast<std::size_t>(event.id())];
     ++state.generation;
+    state.recorded = true;
     state.recorded_on = queue.kind();
     if (queue.kind() == QueueKind::kCompute) {
       // The compute queue is the caller's thread: everything enqueued on it already ran.
@@ -232,10 +238,10 @@ class CpuBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status ok = CheckEventLocked(event); !ok.ok()) return ok;
     const EventState& state = events_[static_cast<std::size_t>(event.id())];
-    if (state.generation == 0 || state.completed < state.generation) {
+    if (!state.recorded || state.completed < state.generation) {
       return absl::FailedPreconditionError(
           absl::StrCat("cpu backend: EventTime of event ", event.id(),
-                       state.generation == 0 ? ", which was never recorded"
+                       !state.recorded ? ", which was never recorded"
                                              : ", which has not completed"));
     }
     return state.time;

@@ -260,12 +260,10 @@ TEST_CASE("contract: an event never recorded counts as complete and has no time"
   CHECK(backend->EventTime(fresh).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-// TODO(lead): issue 14. The CPU backend fails the EventTime check: a recycled event id keeps
-// its previous owner's recording count, so EventTime returns the old capture's time instead of
-// FailedPrecondition (lib/backend/cpu_backend.cc; the fix: a per-owner "recorded" flag that
-// CreateEvent clears and RecordEvent sets). [!mayfail] reports it without failing CI until then.
+// A recycled id must not carry its previous owner's recording (the CPU backend once returned
+// the old capture's time from EventTime).
 TEST_CASE("contract: an event recycled from a pending one reads as never recorded",
-          "[contract][events][!mayfail]") {
+          "[contract][events]") {
   CAPTURE(TheBackendUnderTest().kind());
   constexpr double kBusy = 0.2;
   auto backend = Make(Busy(kBusy));
