@@ -7,7 +7,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh" >/dev/null
+# Only what the job runs, with the build's [n/N] progress lines on stderr.
+echo "run_main: building gpt_train (a few minutes on 2 cores the first time)" >&2
+PO_BUILD_TARGETS=gpt_train "$root/scripts/build.sh" >&2
 build_dir=${PO_BUILD_DIR:-$root/build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec mpirun -np 4 --oversubscribe "$build_dir/examples/gpt/gpt_train" --schedule po-f --chunks 2 "$@"
