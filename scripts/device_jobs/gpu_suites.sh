@@ -4,15 +4,8 @@
 # Every gpu-labelled suite (deferred RELEASE, optimizer state dropped under offload, KernelScalars
 # shared with the CUDA Adam, lean saved activations).
 set -uo pipefail
-out="$LOG/tests.txt"; : >"$out"
-t() {  # t LIMIT BINARY ARGS...
-  local limit=$1; shift
-  echo "== $(date -u +%T) $(basename "$1") ${*:2}" | tee -a "$out"
-  timeout "$limit" "$@" >"$LOG/part.txt" 2>&1; local rc=$?
-  head -c 60000 "$LOG/part.txt" >>"$out"
-  echo "rc=$rc" | tee -a "$out"
-  grep -E "FAILED|passed|failed|test cases" "$LOG/part.txt" | tail -6
-}
+source scripts/device_jobs/job_lib.sh
+export TESTS_OUT="$LOG/tests.txt"; : >"$TESTS_OUT"
 t 60 "$BUILD/tests/gpu/gpu_tests"
 t 40 "$BUILD/tests/gpu/nccl_gpu_tests"
 t 60 "$BUILD/tests/optim/cuda/optim_cuda_cpu_tests"

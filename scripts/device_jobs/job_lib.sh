@@ -16,3 +16,15 @@ run() {  # run NAME LIMIT ARGS...
   grep -E "${RUN_GREP:-^(pipeline|plan|costs|links)|^mean step|^stage [0-9]: stash|^checksum|error}" \
     "$LOG/$name.log" | cut -c1-330
 }
+
+# For jobs that run test binaries: `t LIMIT BINARY ARGS...` appends the binary's output (60 kB
+# at most) to $TESTS_OUT, prints its exit status and Catch's summary lines (TESTS_GREP adds to
+# them).
+t() {  # t LIMIT BINARY ARGS...
+  local limit=$1; shift
+  echo "== $(date -u +%T) $(basename "$1") ${*:2}" | tee -a "$TESTS_OUT"
+  timeout "$limit" "$@" >"$LOG/part.txt" 2>&1; local rc=$?
+  head -c 60000 "$LOG/part.txt" >>"$TESTS_OUT"
+  echo "rc=$rc" | tee -a "$TESTS_OUT"
+  grep -E "FAILED|passed|failed|test cases${TESTS_GREP:+|$TESTS_GREP}" "$LOG/part.txt" | tail -6
+}

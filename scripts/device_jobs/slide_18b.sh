@@ -12,12 +12,7 @@ export JOB_DEADLINE_S=${JOB_DEADLINE_S:-170}
 export RUN_GREP="^(model|placement|ring|device|host|setup|step|summary|nvme|predicted)|error|slide_train:|Killed"
 ST=$BUILD/examples/llama/slide_train
 free -g | tee "$LOG/free.txt"
-cat >"$LOG/config.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 92544,
- "hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 44,
- "num_attention_heads": 48, "num_key_value_heads": 8, "max_position_embeddings": 32768,
- "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "tie_word_embeddings": false}
-JSON
+cp scripts/device_jobs/llama18b_config.json "$LOG/config.json"  # the 18.3B shape (InternLM2-20B widths)
 big=(--config "$LOG/config.json" --seq 2048 --batch 1 --microbatches 8 --clip 0 --lr 1e-5
      --gpu-memory-budget 130GiB --steps 4 --json "$LOG/slide.jsonl")
 run llama18b_host 160 "$ST" "${big[@]}"

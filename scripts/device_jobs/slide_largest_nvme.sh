@@ -10,12 +10,7 @@ source scripts/device_jobs/job_lib.sh
 export JOB_DEADLINE_S=${JOB_DEADLINE_S:-300}
 export RUN_GREP="^(model|placement|ring|device|host|setup|step|summary|nvme)|error|slide_train:"
 ST=$BUILD/examples/llama/slide_train
-cat >"$LOG/config.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 92544,
- "hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 44,
- "num_attention_heads": 48, "num_key_value_heads": 8, "max_position_embeddings": 32768,
- "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "tie_word_embeddings": false}
-JSON
+cp scripts/device_jobs/llama18b_config.json "$LOG/config.json"  # the 18.3B shape (InternLM2-20B widths)
 df -h /tmp | tee "$LOG/df.txt"
 free -g | tee -a "$LOG/df.txt"
 mkdir -p /tmp/po-nvme-18b

@@ -22,12 +22,7 @@ run ckpt_nvme_all 150 "$ST" "${common[@]}" --nvme-dir /tmp/po-nvme --nvme-fracti
   --nvme-checkpoints 1.0
 run ckpt_nvme_half 150 "$ST" "${common[@]}" --nvme-dir /tmp/po-nvme --nvme-fraction 0 \
   --nvme-checkpoints 0.5
-cat >"$LOG/config.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 92544,
- "hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 44,
- "num_attention_heads": 48, "num_key_value_heads": 8, "max_position_embeddings": 32768,
- "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "tie_word_embeddings": false}
-JSON
+cp scripts/device_jobs/llama18b_config.json "$LOG/config.json"  # the 18.3B shape (InternLM2-20B widths)
 big=(--config "$LOG/config.json" --seq 2048 --batch 1 --microbatches 8 --clip 0
      --gpu-memory-budget 130GiB --nvme-dir /tmp/po-nvme --nvme-fraction 0.6 --dry-run)
 run llama18b_dry_state 40 "$ST" "${big[@]}"
