@@ -5,7 +5,6 @@
 // The unit-cost oracles here are test-local (F = B = W = 1 slot, an unsplit B = 2, free comm)
 // and independent of lib/sim; the "[families][sim]" cases check the real Validate/Simulate.
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -636,18 +635,14 @@ TEST_CASE("building block errors are reported, never emitted", "[families][block
   CHECK(std::string(squeezed.status().message()).find("stage 0: B0.0") != std::string::npos);
 }
 
-TEST_CASE("p=64 m=512 v=4 builds and lowers well under a second", "[families][perf]") {
+TEST_CASE("p=64 m=512 v=4 builds and lowers with every op in place", "[families]") {
   for (Family family : {Family::k1F1B, Family::kInterleaved, Family::kGroupInterleaved}) {
     const PipelineSpec spec =
         MakeSpec(family, 64, 512, family == Family::k1F1B ? 1 : 4, 0, true);
     INFO(Describe(spec));
-    const auto start = std::chrono::steady_clock::now();
+    // Build and lower time is bench/schedule_bench's to measure (no time bounds in tests).
     const Schedule order = MustBuild(spec);
     const Schedule lowered = MustLower(order);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    CAPTURE(seconds);
-    CHECK(seconds < 1.0);
     std::size_t compute = 0, total = 0;
     for (const StageProgram& program : lowered.stages) {
       total += program.ops.size();
