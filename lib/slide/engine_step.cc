@@ -172,20 +172,24 @@ absl::Status LayerSlidingEngineImpl::SaveCheckpoint(const SlideOp& op) {
   const int set = op.unit % 2;
   const auto mb = static_cast<std::size_t>(op.mb);
   PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(d2h, act_fwd_done_[set][mb]));
-  if (!CheckpointOnNvme(op.unit)) {
-    PO_RETURN_IF_ERROR(Copy(QueueKind::kD2H, checkpoints_[static_cast<std::size_t>(op.unit)][mb],
-                            act_[set][mb], shape_.activation_bytes, SlideEngineKind::kD2H,
-                            "save checkpoint", op.unit, op.mb));
-    return backend_.RecordEvent(act_saved_[set][mb], d2h);
+  // In pinned host memory, or through a staging buffer the tier writes to the drive once the
+  // D2H's event fires.
+  const bool on_nvme = CheckpointOnNvme(op.unit);
+  CheckpointTier::Lent staging;
+  void* host = nullptr;  // checkpoints_ holds no buffers for the units on the drive
+  if (!on_nvme) {
+    host = checkpoints_[static_cast<std::size_t>(op.unit)][mb];
+  } else {
+    const double wait_start = backend_.NowSeconds();
+    PO_ASSIGN_OR_RETURN(staging, checkpoint_tier_->AcquireForSave(op.unit, op.mb));
+    wait_seconds_ += backend_.NowSeconds() - wait_start;
+    host = staging.data;
   }
-  // Through a staging buffer to the drive: the tier writes it once the D2H's event fires.
-  const double wait_start = backend_.NowSeconds();
-  PO_ASSIGN_OR_RETURN(const CheckpointTier::Lent staging,
-                      checkpoint_tier_->AcquireForSave(op.unit, op.mb));
-  wait_seconds_ += backend_.NowSeconds() - wait_start;
-  PO_RETURN_IF_ERROR(Copy(QueueKind::kD2H, staging.data, act_[set][mb], shape_.activation_bytes,
-                          SlideEngineKind::kD2H, "save checkpoint (NVMe)", op.unit, op.mb));
+  PO_RETURN_IF_ERROR(Copy(QueueKind::kD2H, host, act_[set][mb], shape_.activation_bytes,
+                          SlideEngineKind::kD2H, on_nvme ? "save checkpoint (NVMe)" : "save checkpoint",
+                          op.unit, op.mb));
   PO_RETURN_IF_ERROR(backend_.RecordEvent(act_saved_[set][mb], d2h));
+  if (!on_nvme) return absl::OkStatus();
   PO_RETURN_IF_ERROR(backend_.RecordEvent(staging.event, d2h));
   return checkpoint_tier_->SaveEnqueued(staging.buffer);
 }
@@ -195,22 +199,24 @@ absl::Status LayerSlidingEngineImpl::LoadCheckpoint(const SlideOp& op) {
   const int set = op.unit % 2;
   const auto mb = static_cast<std::size_t>(op.mb);
   PO_RETURN_IF_ERROR(backend_.QueueWaitEvent(h2d, *act_reader_done_[set]));
-  if (!CheckpointOnNvme(op.unit)) {
-    PO_RETURN_IF_ERROR(Copy(QueueKind::kH2D, act_[set][mb],
-                            checkpoints_[static_cast<std::size_t>(op.unit)][mb],
-                            shape_.activation_bytes, SlideEngineKind::kH2D, "load checkpoint",
-                            op.unit, op.mb));
-    return backend_.RecordEvent(act_loaded_[set][mb], h2d);
+  // From pinned host memory, or from the staging buffer the tier read it into (free again once
+  // the H2D's event fires).
+  const bool on_nvme = CheckpointOnNvme(op.unit);
+  CheckpointTier::Lent staging;
+  const void* host = nullptr;  // checkpoints_ holds no buffers for the units on the drive
+  if (!on_nvme) {
+    host = checkpoints_[static_cast<std::size_t>(op.unit)][mb];
+  } else {
+    const double wait_start = backend_.NowSeconds();
+    PO_ASSIGN_OR_RETURN(staging, checkpoint_tier_->AcquireLoaded(op.unit, op.mb));
+    wait_seconds_ += backend_.NowSeconds() - wait_start;
+    host = staging.data;
   }
-  // From the staging buffer the tier read it into; the buffer is free once the H2D's event
-  // fires.
-  const double wait_start = backend_.NowSeconds();
-  PO_ASSIGN_OR_RETURN(const CheckpointTier::Lent staging,
-                      checkpoint_tier_->AcquireLoaded(op.unit, op.mb));
-  wait_seconds_ += backend_.NowSeconds() - wait_start;
-  PO_RETURN_IF_ERROR(Copy(QueueKind::kH2D, act_[set][mb], staging.data, shape_.activation_bytes,
-                          SlideEngineKind::kH2D, "load checkpoint (NVMe)", op.unit, op.mb));
+  PO_RETURN_IF_ERROR(Copy(QueueKind::kH2D, act_[set][mb], host, shape_.activation_bytes,
+                          SlideEngineKind::kH2D, on_nvme ? "load checkpoint (NVMe)" : "load checkpoint",
+                          op.unit, op.mb));
   PO_RETURN_IF_ERROR(backend_.RecordEvent(act_loaded_[set][mb], h2d));
+  if (!on_nvme) return absl::OkStatus();
   PO_RETURN_IF_ERROR(backend_.RecordEvent(staging.event, h2d));
   return checkpoint_tier_->LoadEnqueued(staging.buffer);
 }
