@@ -1,5 +1,6 @@
-// The hardware interface of the runtime: device memory, three in-order queues (compute, D2H,
-// H2D) with asynchronous copies, events between them, and a clock (DESIGN.md section 5).
+// The hardware interface of the runtime: device memory, in-order queues of three kinds (compute,
+// D2H, H2D: one of each built in, more on request) with asynchronous copies, events between
+// them, and a clock (DESIGN.md section 5).
 //
 // The CPU backend (here; target pipeoffload::backend_cpu) and the CUDA backend (cuda.h;
 // pipeoffload::backend_cuda) implement the same contract, so every schedule, offload and byte
@@ -25,8 +26,8 @@ namespace pipeoffload {
 
 class Backend;
 
-// The three engines of one device. Work enqueued on one queue runs in enqueue order; work on
-// different queues runs concurrently unless ordered by events.
+// The three kinds of engine of one device. Work enqueued on one queue runs in enqueue order;
+// work on different queues (of one kind or not) runs concurrently unless ordered by events.
 enum class QueueKind : std::uint8_t {
   kCompute,  // the trainer's kernels: every StageModel call's work (stage_model.h) goes here
              // (CUDA: the compute stream; CPU: the calling thread)
@@ -47,18 +48,33 @@ inline std::string_view QueueKindName(QueueKind kind) {
   return "?";
 }
 
-// A queue of one backend, as a value: (owner, kind). Get one from Backend::queue().
+// Queues of one kind a backend can have: the built-in one (lane 0) and up to
+// kMaxQueuesPerKind - 1 made by Backend::CreateQueue.
+inline constexpr int kMaxQueuesPerKind = 8;
+
+// A queue of one backend, as a value: (owner, kind, lane). Lane 0 of each kind is built in
+// (Backend::queue()); lanes 1, 2, ... of a kind come from Backend::CreateQueue, in that order.
 class Queue {
  public:
-  Queue(const Backend* owner, QueueKind kind) : owner_(owner), kind_(kind) {}
+  Queue(const Backend* owner, QueueKind kind, int lane = 0)
+      : owner_(owner), kind_(kind), lane_(lane) {}
   const Backend* owner() const { return owner_; }
   QueueKind kind() const { return kind_; }
+  int lane() const { return lane_; }
   friend bool operator==(const Queue&, const Queue&) = default;
 
  private:
   const Backend* owner_;
   QueueKind kind_;
+  int lane_;
 };
+
+// "compute", "D2H", "H2D" for lane 0; "D2H lane 2" for the others (error messages).
+inline std::string QueueName(const Queue& queue) {
+  std::string name(QueueKindName(queue.kind()));
+  if (queue.lane() != 0) name += " lane " + std::to_string(queue.lane());
+  return name;
+}
 
 // An event of one backend, as a value: (owner, id). Created by Backend::CreateEvent; copies name
 // the same event. An event never recorded counts as complete (CUDA semantics).
@@ -78,16 +94,16 @@ class Event {
 struct BackendStats {
   std::int64_t device_allocations = 0;  // AllocateDevice calls that succeeded
   std::int64_t host_allocations = 0;    // AllocateHost calls that succeeded
-  std::int64_t bytes_d2h = 0;           // bytes copied on the D2H queue
-  std::int64_t bytes_h2d = 0;           // bytes copied on the H2D queue
+  std::int64_t bytes_d2h = 0;           // bytes copied on D2H queues (every lane)
+  std::int64_t bytes_h2d = 0;           // bytes copied on H2D queues (every lane)
   std::int64_t copies = 0;              // copies on any queue
 };
 
 // One device. Thread-safe: any thread may call any method (the runtime uses one backend per
 // pipeline stage from one thread, but copy engines and tests call in from others).
 //
-// Errors common to every method: InvalidArgument for a Queue or Event of another backend, an
-// unknown event id, or a negative size.
+// Errors common to every method: InvalidArgument for a Queue or Event of another backend, a
+// queue lane the backend did not create, an unknown event id, or a negative size.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -110,7 +126,22 @@ class Backend {
   [[nodiscard]] virtual absl::StatusOr<void*> AllocateHost(std::int64_t bytes) = 0;
   virtual void FreeHost(void* ptr) = 0;
 
+  // The built-in queue of `kind` (lane 0).
   Queue queue(QueueKind kind) const { return Queue(this, kind); }
+
+  // Creates another in-order queue of `kind` (the next lane: 1, 2, ...), for a component that
+  // needs its own lane, e.g. an engine whose work must overlap the trainer's compute queue or
+  // whose copies must not queue behind other copies of the same direction. It behaves as the
+  // built-in queue of its kind in every method, lives as long as the backend, and Synchronize
+  // covers it. Call at set-up (it may create a stream or a thread). Backends: CUDA, another
+  // non-blocking stream; CPU, an extra D2H or H2D lane gets its own worker thread (copy engine)
+  // and an extra compute lane is, like the built-in one, the caller's thread.
+  // Errors: ResourceExhausted when the backend already has kMaxQueuesPerKind queues of `kind`;
+  // Unimplemented for a backend without extra queues (the default, e.g. test wrappers).
+  [[nodiscard]] virtual absl::StatusOr<Queue> CreateQueue(QueueKind kind) {
+    return absl::UnimplementedError(Name() + ": this backend has no extra " +
+                                    std::string(QueueKindName(kind)) + " queues");
+  }
 
   // Enqueues a copy of `bytes` bytes from `src` to `dst` on `queue` and returns at once. On the
   // D2H queue `src` is device memory and `dst` host memory, on H2D the reverse, on the compute
@@ -165,9 +196,10 @@ struct CpuBackendOptions {
   double queue_wait_timeout_seconds = 60.0;
 };
 
-// The CPU backend: "device" memory is host memory; the compute queue is the calling thread (work
-// enqueued on it runs before the call returns); one worker thread per copy direction acts as
-// the D2H and H2D engines; events are completion flags with condition variables.
+// The CPU backend: "device" memory is host memory; every compute queue is the calling thread
+// (work enqueued on it runs before the call returns); one worker thread per copy queue (the
+// built-in D2H and H2D ones and each created by CreateQueue) acts as its engine; events are
+// completion flags with condition variables.
 // Errors: InvalidArgument for negative or inverted delays.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
     const CpuBackendOptions& options = {});

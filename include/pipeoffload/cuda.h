@@ -26,8 +26,9 @@ struct CudaBackendOptions {
 };
 
 // One device as a Backend, "cuda:<device>":
-//  - queues are three non-blocking streams (they never synchronize with the legacy default
-//    stream): compute, D2H and H2D; work on one stream runs in order;
+//  - queues are non-blocking streams (they never synchronize with the legacy default stream):
+//    the built-in compute, D2H and H2D ones, and one more per CreateQueue; work on one stream
+//    runs in order; Synchronize covers every one of them;
 //  - AllocateDevice is cudaMalloc (call it at init only: cudaMalloc/cudaFree synchronize the
 //    device), AllocateHost is cudaHostAlloc (pinned, portable to every context);
 //    DeviceMemoryIsHostAccessible() is false;

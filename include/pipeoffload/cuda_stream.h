@@ -11,10 +11,11 @@
 
 namespace pipeoffload {
 
-// The stream of `queue`. It stays valid as long as the backend; do not destroy it, and do not
-// synchronize the device or the legacy default stream from work meant to overlap (the streams
-// are non-blocking, so the default stream does not order them).
-// Errors: InvalidArgument when the queue's backend is not a CUDA backend.
+// The stream of `queue` (any lane, CreateQueue's included). It stays valid as long as the
+// backend; do not destroy it, and do not synchronize the device or the legacy default stream
+// from work meant to overlap (the streams are non-blocking, so the default stream does not
+// order them). Errors: InvalidArgument when the queue's backend is not a CUDA backend or has
+// no such lane.
 [[nodiscard]] absl::StatusOr<cudaStream_t> CudaQueueStream(const Queue& queue);
 
 // CudaQueueStream(backend.queue(QueueKind::kCompute)).

@@ -1,7 +1,7 @@
-// The CPU backend: host memory plays device memory, the calling thread is the compute queue and
-// one worker thread per direction is a copy engine. It is the oracle every other backend is
-// checked against, and with fault injection (seeded random delays before copies) it exposes
-// missing event waits.
+// The CPU backend: host memory plays device memory, the calling thread is every compute queue
+// and one worker thread per copy queue (the built-in D2H and H2D ones and each extra one) is a
+// copy engine. It is the oracle every other backend is checked against, and with fault
+// injection (seeded random delays before copies) it exposes missing event waits.
 //
 // Invariants (all guarded by mu_):
 //  - An event's `generation` counts its recordings; `completed` is the highest generation whose
@@ -14,6 +14,8 @@
 //    when QueueWaitEvent was called; later re-recordings do not move that target.
 //  - Workers drop their remaining tasks at shutdown, so destruction never waits on an event
 //    that nobody will complete.
+//  - Copy engines are created (CreateQueue) but never removed until destruction: a Queue value
+//    of lane l < lanes_[kind] always names a live engine.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -45,6 +47,7 @@ struct EventState {
   std::uint64_t generation = 0;
   std::uint64_t completed = 0;
   QueueKind recorded_on = QueueKind::kCompute;
+  int recorded_lane = 0;
   double time = 0.0;  // completion time of the latest generation
 };
 
@@ -59,8 +62,19 @@ struct Task {
   std::uint64_t generation = 0;
 };
 
-// Index of a copy queue in the per-engine arrays.
-int EngineIndex(QueueKind kind) { return kind == QueueKind::kD2H ? 0 : 1; }
+// Index of a copy direction in the per-direction arrays.
+int Direction(QueueKind kind) { return kind == QueueKind::kD2H ? 0 : 1; }
+
+// One copy queue: its tasks in order and the worker thread that runs them.
+struct CopyEngine {
+  CopyEngine(int direction, int lane) : direction(direction), lane(lane) {}
+  const int direction;  // Direction(): 0 D2H, 1 H2D
+  const int lane;
+  std::deque<Task> tasks;  // guarded by the backend's mu_
+  bool busy = false;       // a copy or fill is running outside the lock (mu_)
+  std::mt19937_64 rng;     // used by its worker only
+  std::thread worker;
+};
 
 void FillWords(void* dst, std::uint32_t pattern, std::int64_t bytes) {
   auto* words = static_cast<std::uint32_t*>(dst);
@@ -70,10 +84,9 @@ void FillWords(void* dst, std::uint32_t pattern, std::int64_t bytes) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {
-    for (int engine = 0; engine < 2; ++engine) {
-      rng_[engine].seed(options.fault_seed * 0x9E3779B97F4A7C15ull + engine + 1);
-      workers_[engine] = std::thread([this, engine] { WorkerLoop(engine); });
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    StartEngineLocked(0, 0);
+    StartEngineLocked(1, 0);
   }
 
   ~CpuBackend() override {
@@ -82,7 +95,11 @@ class CpuBackend final : public Backend {
       shutdown_ = true;
     }
     cv_.notify_all();
-    for (std::thread& worker : workers_) worker.join();
+    for (auto& direction : engines_) {
+      for (const std::unique_ptr<CopyEngine>& engine : direction) {
+        if (engine != nullptr) engine->worker.join();
+      }
+    }
     for (void* ptr : device_blocks_) std::free(ptr);
     for (void* ptr : host_blocks_) std::free(ptr);
   }
@@ -99,11 +116,24 @@ class CpuBackend final : public Backend {
   }
   void FreeHost(void* ptr) override { FreeBlock(ptr, host_blocks_); }
 
+  absl::StatusOr<Queue> CreateQueue(QueueKind kind) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int k = static_cast<int>(kind);
+    if (lanes_[k] >= kMaxQueuesPerKind) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cpu backend: CreateQueue: already ", lanes_[k], " ", std::string(QueueKindName(kind)),
+          " queues, the most a backend has (kMaxQueuesPerKind)"));
+    }
+    // An extra compute lane is the caller's thread, as the built-in one: nothing to start.
+    if (kind != QueueKind::kCompute) StartEngineLocked(Direction(kind), lanes_[k]);
+    return Queue(this, kind, lanes_[k]++);
+  }
+
   absl::Status CopyAsync(Queue queue, void* dst, const void* src, std::int64_t bytes) override {
     if (absl::Status ok = CheckQueue(queue); !ok.ok()) return ok;
     if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cpu backend: CopyAsync on ", std::string(QueueKindName(queue.kind())), " of ", bytes,
+          absl::StrCat("cpu backend: CopyAsync on ", QueueName(queue), " of ", bytes,
                        " bytes needs non-null buffers and a non-negative size"));
     }
     if (queue.kind() == QueueKind::kCompute) {
@@ -117,7 +147,7 @@ class CpuBackend final : public Backend {
     task.dst = dst;
     task.src = src;
     task.bytes = bytes;
-    Push(queue.kind(), task);
+    Push(queue, task);
     return absl::OkStatus();
   }
 
@@ -139,7 +169,7 @@ class CpuBackend final : public Backend {
     task.dst = dst;
     task.pattern = pattern;
     task.bytes = bytes;
-    Push(queue.kind(), task);
+    Push(queue, task);
     return absl::OkStatus();
   }
 
@@ -177,6 +207,7 @@ class CpuBackend final : public Backend {
     ++state.generation;
     state.recorded = true;
     state.recorded_on = queue.kind();
+    state.recorded_lane = queue.lane();
     if (queue.kind() == QueueKind::kCompute) {
       // The compute queue is the caller's thread: everything enqueued on it already ran.
       state.completed = state.generation;
@@ -189,7 +220,7 @@ class CpuBackend final : public Backend {
     task.type = Task::Type::kRecord;
     task.event_id = event.id();
     task.generation = state.generation;
-    tasks_[EngineIndex(queue.kind())].push_back(task);
+    EngineLocked(queue).tasks.push_back(task);
     lock.unlock();
     cv_.notify_all();
     return absl::OkStatus();
@@ -206,7 +237,7 @@ class CpuBackend final : public Backend {
     task.type = Task::Type::kWait;
     task.event_id = event.id();
     task.generation = events_[static_cast<std::size_t>(event.id())].generation;
-    tasks_[EngineIndex(queue.kind())].push_back(task);
+    EngineLocked(queue).tasks.push_back(task);
     lock.unlock();
     cv_.notify_all();
     return absl::OkStatus();
@@ -228,10 +259,10 @@ class CpuBackend final : public Backend {
       return events_[static_cast<std::size_t>(event.id())].completed >= target;
     });
     if (done) return absl::OkStatus();
-    const QueueKind queue = events_[static_cast<std::size_t>(event.id())].recorded_on;
+    const EventState& state = events_[static_cast<std::size_t>(event.id())];
     return absl::DeadlineExceededError(absl::StrFormat(
         "cpu backend: event %d (recorded on the %s queue) not complete after %.3f s", event.id(),
-        std::string(QueueKindName(queue)), timeout_seconds));
+        QueueName(Queue(this, state.recorded_on, state.recorded_lane)), timeout_seconds));
   }
 
   absl::StatusOr<double> EventTime(Event event) override {
@@ -250,12 +281,26 @@ class CpuBackend final : public Backend {
   absl::Status Synchronize(double timeout_seconds) override {
     std::unique_lock<std::mutex> lock(mu_);
     const bool idle = cv_.wait_until(lock, internal::DeadlineAfter(timeout_seconds), [&] {
-      return tasks_[0].empty() && tasks_[1].empty() && !busy_[0] && !busy_[1];
+      for (auto& direction : engines_) {
+        for (const std::unique_ptr<CopyEngine>& engine : direction) {
+          if (engine != nullptr && (!engine->tasks.empty() || engine->busy)) return false;
+        }
+      }
+      return true;
     });
     if (idle) return absl::OkStatus();
+    std::string busy;
+    for (int d = 0; d < 2; ++d) {
+      for (const std::unique_ptr<CopyEngine>& engine : engines_[d]) {
+        if (engine == nullptr || (engine->tasks.empty() && !engine->busy)) continue;
+        absl::StrAppend(&busy, busy.empty() ? "" : ", ",
+                        QueueName(Queue(this, d == 0 ? QueueKind::kD2H : QueueKind::kH2D,
+                                        engine->lane)),
+                        " (", engine->tasks.size(), " tasks queued)");
+      }
+    }
     return absl::DeadlineExceededError(absl::StrFormat(
-        "cpu backend: copy queues not idle after %.3f s (%d D2H and %d H2D tasks queued)",
-        timeout_seconds, tasks_[0].size(), tasks_[1].size()));
+        "cpu backend: copy queues not idle after %.3f s: %s", timeout_seconds, busy));
   }
 
   double NowSeconds() const override { return internal::MonotonicSeconds(); }
@@ -299,9 +344,33 @@ class CpuBackend final : public Backend {
   absl::Status CheckQueue(Queue queue) const {
     if (queue.owner() != this) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "cpu backend: the ", std::string(QueueKindName(queue.kind())), " queue belongs to another backend"));
+          "cpu backend: the ", QueueName(queue), " queue belongs to another backend"));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const int lanes = lanes_[static_cast<int>(queue.kind())];
+    if (queue.lane() < 0 || queue.lane() >= lanes) {
+      return absl::InvalidArgumentError(absl::StrCat("cpu backend: no ", QueueName(queue),
+                                                     " queue (", lanes, " ",
+                                                     std::string(QueueKindName(queue.kind())),
+                                                     " queues exist)"));
     }
     return absl::OkStatus();
+  }
+
+  // REQUIRES: mu_ held; `queue` a copy queue that passed CheckQueue.
+  CopyEngine& EngineLocked(Queue queue) {
+    return *engines_[Direction(queue.kind())][queue.lane()];
+  }
+
+  // Starts the copy engine of `lane` of `direction`. REQUIRES: mu_ held, the lane free.
+  void StartEngineLocked(int direction, int lane) {
+    auto engine = std::make_unique<CopyEngine>(direction, lane);
+    // Lane 0's seeds are the ones the backend always had, so fault runs stay reproducible.
+    engine->rng.seed(options_.fault_seed * 0x9E3779B97F4A7C15ull + direction + 1 +
+                     2 * static_cast<std::uint64_t>(lane));
+    CopyEngine* raw = engine.get();
+    engines_[direction][lane] = std::move(engine);
+    raw->worker = std::thread([this, raw] { WorkerLoop(*raw); });
   }
 
   bool IsLiveEventLocked(Event event) const {
@@ -322,23 +391,23 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  void Push(QueueKind kind, const Task& task) {
+  void Push(Queue queue, const Task& task) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      tasks_[EngineIndex(kind)].push_back(task);
+      EngineLocked(queue).tasks.push_back(task);
     }
     cv_.notify_all();
   }
 
-  double FaultDelay(int engine) {
+  double FaultDelay(CopyEngine& engine) {
     if (options_.max_copy_delay_seconds <= 0.0) return 0.0;
     std::uniform_real_distribution<double> delay(options_.min_copy_delay_seconds,
                                                  options_.max_copy_delay_seconds);
-    return delay(rng_[engine]);
+    return delay(engine.rng);
   }
 
-  void WorkerLoop(int engine) {
-    std::deque<Task>& queue = tasks_[engine];
+  void WorkerLoop(CopyEngine& engine) {
+    std::deque<Task>& queue = engine.tasks;
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait(lock, [&] { return shutdown_ || !queue.empty(); });
@@ -362,7 +431,7 @@ class CpuBackend final : public Backend {
         continue;
       }
       queue.pop_front();
-      busy_[engine] = true;
+      engine.busy = true;
       const double delay = task.type == Task::Type::kCopy ? FaultDelay(engine) : 0.0;
       lock.unlock();
       if (delay > 0.0) {
@@ -378,10 +447,10 @@ class CpuBackend final : public Backend {
         FillWords(task.dst, task.pattern, task.bytes);
       }
       lock.lock();
-      busy_[engine] = false;
+      engine.busy = false;
       if (task.type == Task::Type::kCopy) {
         ++stats_.copies;
-        (engine == 0 ? stats_.bytes_d2h : stats_.bytes_h2d) += task.bytes;
+        (engine.direction == 0 ? stats_.bytes_d2h : stats_.bytes_h2d) += task.bytes;
       }
       cv_.notify_all();
     }
@@ -392,14 +461,14 @@ class CpuBackend final : public Backend {
   std::condition_variable cv_;  // any task pushed, event completed, engine idle, or shutdown
   std::vector<EventState> events_;
   std::vector<std::int64_t> free_event_ids_;
-  std::deque<Task> tasks_[2];  // [D2H, H2D]
-  bool busy_[2] = {false, false};
   bool shutdown_ = false;
-  std::mt19937_64 rng_[2];  // used by its worker only
   std::unordered_set<void*> device_blocks_;
   std::unordered_set<void*> host_blocks_;
   BackendStats stats_;
-  std::thread workers_[2];  // last: they start after every other member exists
+  // Queues of each kind (lanes 0 .. lanes_[kind] - 1); [D2H, H2D] engines by lane. Last: the
+  // workers start (in the constructor body) after every other member exists.
+  int lanes_[kNumQueueKinds] = {1, 1, 1};
+  std::unique_ptr<CopyEngine> engines_[2][kMaxQueuesPerKind];
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
-// The Backend contract suite (backend_contract_test.cc; ggml's test-backend-ops is the spirit):
-// one set of assertions about include/pipeoffload/backend.h, compiled into one test binary per
-// backend, each of which links the one BackendUnderTest below that makes its backends:
+// The Backend contract suite (backend_contract_test.cc, and backend_contract_lanes_test.cc for
+// the extra queues of CreateQueue; ggml's test-backend-ops is the spirit): one set of
+// assertions about include/pipeoffload/backend.h, compiled into one test binary per backend,
+// each of which links the one BackendUnderTest below that makes its backends:
 //   backend_tests (label cpu, CI)        cpu_backend_contract.cc      backend_tests "[contract]"
 //   gpu_tests     (label gpu, GPU box)   tests/gpu/cuda_backend_contract.cc  gpu_tests "[contract]"
 // What only one backend does (the CPU compute queue being the caller's thread, CUDA's pinned
@@ -35,10 +36,14 @@ class BackendUnderTest {
   virtual std::string kind() const = 0;
   // A fresh backend as `setup` asks (REQUIREs success).
   virtual std::unique_ptr<Backend> Create(const ContractSetup& setup) = 0;
-  // Enqueues on `backend`'s copy queue `queue` (D2H or H2D) work that keeps it busy for at least
-  // `seconds` and touches no memory of the test's: what comes after it on that queue waits.
-  // REQUIRES: `backend` came from Create with busy_seconds == seconds.
-  virtual void Occupy(Backend& backend, QueueKind queue, double seconds) = 0;
+  // Enqueues on `backend`'s copy queue `queue` (D2H or H2D, any lane) work that keeps it busy for
+  // at least `seconds` and touches no memory of the test's: what comes after it on that queue
+  // waits. REQUIRES: `backend` came from Create with busy_seconds == seconds.
+  virtual void Occupy(Backend& backend, Queue queue, double seconds) = 0;
+  // The built-in queue of `kind`.
+  void Occupy(Backend& backend, QueueKind kind, double seconds) {
+    Occupy(backend, backend.queue(kind), seconds);
+  }
 };
 
 // Defined by the fixture file linked into the binary (one per binary).

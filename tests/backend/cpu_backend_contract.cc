@@ -31,15 +31,15 @@ class CpuBackendUnderTest final : public BackendUnderTest {
     return std::move(*backend);
   }
 
-  void Occupy(Backend& backend, QueueKind queue, double seconds) override {
-    REQUIRE(queue != QueueKind::kCompute);  // the CPU compute queue is the caller's thread
+  void Occupy(Backend& backend, Queue queue, double seconds) override {
+    REQUIRE(queue.kind() != QueueKind::kCompute);  // CPU compute queues are the caller's thread
     {
       std::lock_guard<std::mutex> lock(mu_);
       REQUIRE(busy_seconds_[&backend] == seconds);
     }
     // Static: queued copies may outlive the test case's buffers, never these.
     static std::uint32_t from = 0, to = 0;
-    REQUIRE(backend.CopyAsync(backend.queue(queue), &to, &from, sizeof(from)).ok());
+    REQUIRE(backend.CopyAsync(queue, &to, &from, sizeof(from)).ok());
   }
 
  private:

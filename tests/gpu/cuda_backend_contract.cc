@@ -15,8 +15,8 @@ class CudaBackendUnderTest final : public BackendUnderTest {
  public:
   std::string kind() const override { return "cuda"; }
   std::unique_ptr<Backend> Create(const ContractSetup&) override { return NewCudaBackend(0); }
-  void Occupy(Backend& backend, QueueKind queue, double seconds) override {
-    absl::StatusOr<cudaStream_t> stream = CudaQueueStream(backend.queue(queue));
+  void Occupy(Backend&, Queue queue, double seconds) override {
+    absl::StatusOr<cudaStream_t> stream = CudaQueueStream(queue);
     INFO(stream.status().ToString());
     REQUIRE(stream.ok());
     PO_CUDA_CHECK(LaunchSpin(*stream, seconds));

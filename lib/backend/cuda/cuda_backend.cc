@@ -1,5 +1,6 @@
-// The CUDA backend: one device's memory, three non-blocking streams as the compute, D2H and H2D
-// queues, and CUDA events between them (cuda.h has the contract; cpu_backend.cc is the oracle).
+// The CUDA backend: one device's memory, non-blocking streams as the compute, D2H and H2D
+// queues (one of each built in, more from CreateQueue), and CUDA events between them (cuda.h has
+// the contract; cpu_backend.cc is the oracle).
 //
 // Invariants:
 //  - Event ids index slots_. A slot's cudaEvent_t is created once, with timing enabled (EventTime
@@ -17,6 +18,11 @@
 //  - Every public method holds a ScopedDevice for device_ while it calls CUDA.
 //  - device_blocks_ / host_blocks_ hold live allocations; the destructor frees leftovers after a
 //    bounded drain of the streams.
+//  - streams_[kind][lane] and sync_events_[kind][lane] exist for lane < lanes_[kind]. A lane is
+//    written (under lanes_mu_) before lanes_[kind] is raised past it (release) and never
+//    changes again until destruction, so readers check the lane against lanes_ (acquire) and
+//    then read its stream without a lock.
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -52,6 +58,7 @@ struct EventSlot {
   bool live = false;
   std::uint64_t records = 0;
   QueueKind recorded_on = QueueKind::kCompute;
+  int recorded_lane = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -70,6 +77,8 @@ class CudaBackend final : public Backend {
   void FreeDevice(void* ptr) override;
   absl::StatusOr<void*> AllocateHost(std::int64_t bytes) override;
   void FreeHost(void* ptr) override;
+
+  absl::StatusOr<Queue> CreateQueue(QueueKind kind) override;
 
   absl::Status CopyAsync(Queue queue, void* dst, const void* src, std::int64_t bytes) override;
   absl::Status FillAsync(Queue queue, void* dst, std::uint32_t pattern,
@@ -91,9 +100,19 @@ class CudaBackend final : public Backend {
   }
 
   int device() const { return device_; }
-  cudaStream_t stream(QueueKind kind) const { return streams_[QueueIndex(kind)]; }
+  // REQUIRES: `queue` passed CheckQueue (a lane that exists).
+  cudaStream_t stream(const Queue& queue) const {
+    return streams_[QueueIndex(queue.kind())][queue.lane()];
+  }
+  bool HasLane(const Queue& queue) const {
+    return queue.lane() >= 0 &&
+           queue.lane() < lanes_[QueueIndex(queue.kind())].load(std::memory_order_acquire);
+  }
 
  private:
+  // Creates lane `lane` of `kind`'s stream and its Synchronize event. REQUIRES: lanes_mu_ held
+  // (or the constructor's thread), the device current.
+  absl::Status CreateLane(int kind, int lane);
   absl::Status CheckQueue(Queue queue, const char* call) const;
   // The slot of a live event of this backend. REQUIRES: mu_ held.
   absl::StatusOr<EventSlot*> SlotLocked(Event event, const char* call);
@@ -102,7 +121,11 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const std::string name_;
-  cudaStream_t streams_[kNumQueueKinds] = {nullptr, nullptr, nullptr};
+  std::mutex lanes_mu_;  // serializes CreateQueue
+  cudaStream_t streams_[kNumQueueKinds][kMaxQueuesPerKind] = {};
+  // Synchronize's events, one per stream (owned by Synchronize under sync_mu_ once created).
+  cudaEvent_t sync_events_[kNumQueueKinds][kMaxQueuesPerKind] = {};
+  std::atomic<int> lanes_[kNumQueueKinds] = {0, 0, 0};
   std::unique_ptr<internal::EventClock> clock_;
 
   mutable std::mutex mu_;
@@ -113,22 +136,40 @@ class CudaBackend final : public Backend {
   BackendStats stats_;
 
   std::mutex sync_mu_;  // serializes Synchronize, which owns sync_events_
-  cudaEvent_t sync_events_[kNumQueueKinds] = {nullptr, nullptr, nullptr};
 };
+
+absl::Status CudaBackend::CreateLane(int kind, int lane) {
+  // Non-blocking: the legacy default stream (used by careless library code) must not
+  // serialize our queues against each other.
+  PO_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&streams_[kind][lane], cudaStreamNonBlocking));
+  PO_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&sync_events_[kind][lane], cudaEventDisableTiming));
+  lanes_[kind].store(lane + 1, std::memory_order_release);
+  return absl::OkStatus();
+}
 
 absl::Status CudaBackend::Init() {
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
-  for (cudaStream_t& stream : streams_) {
-    // Non-blocking: the legacy default stream (used by careless library code) must not
-    // serialize our queues against each other.
-    PO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  }
-  for (cudaEvent_t& event : sync_events_) {
-    PO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  }
+  for (int k = 0; k < kNumQueueKinds; ++k) PO_RETURN_IF_ERROR(CreateLane(k, 0));
   PO_ASSIGN_OR_RETURN(clock_, internal::EventClock::Create());
   return absl::OkStatus();
+}
+
+absl::StatusOr<Queue> CudaBackend::CreateQueue(QueueKind kind) {
+  std::lock_guard<std::mutex> lock(lanes_mu_);
+  const int k = QueueIndex(kind);
+  const int lane = lanes_[k].load(std::memory_order_relaxed);
+  if (lane >= kMaxQueuesPerKind) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Where("CreateQueue"), ": already ", lane, " ", std::string(QueueKindName(kind)),
+        " queues, the most a backend has (kMaxQueuesPerKind)"));
+  }
+  ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  PO_RETURN_IF_ERROR(Annotate(CreateLane(k, lane), Where("CreateQueue")));
+  return Queue(this, kind, lane);
 }
 
 CudaBackend::~CudaBackend() {
@@ -137,8 +178,7 @@ CudaBackend::~CudaBackend() {
     std::fprintf(stderr, "pipeoffload: %s teardown: %s\n", name_.c_str(),
                  std::string(entered.message()).c_str());
   }
-  if (streams_[0] != nullptr && streams_[1] != nullptr && streams_[2] != nullptr &&
-      sync_events_[2] != nullptr) {
+  if (lanes_[0] > 0 && lanes_[1] > 0 && lanes_[2] > 0) {
     if (absl::Status idle = Synchronize(kTeardownSeconds); !idle.ok()) {
       std::fprintf(stderr, "pipeoffload: %s teardown frees memory that queued work may use: %s\n",
                    name_.c_str(), std::string(idle.message()).c_str());
@@ -146,21 +186,32 @@ CudaBackend::~CudaBackend() {
   }
   clock_.reset();
   for (const EventSlot& slot : slots_) PO_CUDA_LOG_IF_ERROR(cudaEventDestroy(slot.event));
-  for (cudaEvent_t event : sync_events_) {
-    if (event != nullptr) PO_CUDA_LOG_IF_ERROR(cudaEventDestroy(event));
-  }
-  for (cudaStream_t stream : streams_) {
-    if (stream != nullptr) PO_CUDA_LOG_IF_ERROR(cudaStreamDestroy(stream));
+  for (int k = 0; k < kNumQueueKinds; ++k) {
+    for (int lane = 0; lane < kMaxQueuesPerKind; ++lane) {
+      if (sync_events_[k][lane] != nullptr) {
+        PO_CUDA_LOG_IF_ERROR(cudaEventDestroy(sync_events_[k][lane]));
+      }
+      if (streams_[k][lane] != nullptr) {
+        PO_CUDA_LOG_IF_ERROR(cudaStreamDestroy(streams_[k][lane]));
+      }
+    }
   }
   for (void* ptr : device_blocks_) PO_CUDA_LOG_IF_ERROR(cudaFree(ptr));
   for (void* ptr : host_blocks_) PO_CUDA_LOG_IF_ERROR(cudaFreeHost(ptr));
 }
 
 absl::Status CudaBackend::CheckQueue(Queue queue, const char* call) const {
-  if (queue.owner() == this) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(Where(call), ": the ",
-                                                 std::string(QueueKindName(queue.kind())),
-                                                 " queue belongs to another backend"));
+  if (queue.owner() != this) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(call), ": the ", QueueName(queue),
+                                                   " queue belongs to another backend"));
+  }
+  if (!HasLane(queue)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(call), ": no ", QueueName(queue), " queue (",
+        lanes_[QueueIndex(queue.kind())].load(), " ", std::string(QueueKindName(queue.kind())),
+        " queues exist)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EventSlot*> CudaBackend::SlotLocked(Event event, const char* call) {
@@ -246,8 +297,8 @@ absl::Status CudaBackend::CopyAsync(Queue queue, void* dst, const void* src,
   PO_RETURN_IF_ERROR(CheckQueue(queue, "CopyAsync"));
   if (bytes < 0 || (bytes > 0 && (dst == nullptr || src == nullptr))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        Where("CopyAsync"), " on the ", std::string(QueueKindName(queue.kind())), " queue of ",
-        bytes, " bytes needs non-null buffers and a non-negative size"));
+        Where("CopyAsync"), " on the ", QueueName(queue), " queue of ", bytes,
+        " bytes needs non-null buffers and a non-negative size"));
   }
   if (bytes == 0) return absl::OkStatus();
   ScopedDevice guard;
@@ -255,7 +306,7 @@ absl::Status CudaBackend::CopyAsync(Queue queue, void* dst, const void* src,
   // cudaMemcpyDefault: unified addressing tells device from host memory, so a wrong-direction
   // queue still copies correctly (it only loses the overlap the right queue would give).
   PO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes),
-                                          cudaMemcpyDefault, stream(queue.kind())));
+                                          cudaMemcpyDefault, stream(queue)));
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.copies;
   if (queue.kind() == QueueKind::kD2H) stats_.bytes_d2h += bytes;
@@ -275,7 +326,7 @@ absl::Status CudaBackend::FillAsync(Queue queue, void* dst, std::uint32_t patter
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   PO_CUDA_RETURN_IF_ERROR(internal::LaunchFillWords(static_cast<std::uint32_t*>(dst), pattern,
-                                                    bytes / 4, stream(queue.kind())));
+                                                    bytes / 4, stream(queue)));
   return absl::OkStatus();
 }
 
@@ -294,7 +345,7 @@ absl::StatusOr<Event> CudaBackend::CreateEvent() {
   cudaEvent_t event = nullptr;
   // Timing enabled (no cudaEventDisableTiming): EventTime measures from these events.
   PO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDefault));
-  slots_.push_back(EventSlot{event, true, 0, QueueKind::kCompute});
+  slots_.push_back(EventSlot{event, true, 0, QueueKind::kCompute, 0});
   return Event(this, static_cast<std::int64_t>(slots_.size()) - 1);
 }
 
@@ -312,9 +363,10 @@ absl::Status CudaBackend::RecordEvent(Event event, Queue queue) {
   PO_ASSIGN_OR_RETURN(EventSlot * slot, SlotLocked(event, "RecordEvent"));
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
-  PO_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->event, stream(queue.kind())));
+  PO_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->event, stream(queue)));
   ++slot->records;
   slot->recorded_on = queue.kind();
+  slot->recorded_lane = queue.lane();
   return absl::OkStatus();
 }
 
@@ -325,7 +377,7 @@ absl::Status CudaBackend::QueueWaitEvent(Queue queue, Event event) {
   if (slot->records == 0) return absl::OkStatus();  // never recorded: complete
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
-  PO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream(queue.kind()), slot->event, 0));
+  PO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream(queue), slot->event, 0));
   return absl::OkStatus();
 }
 
@@ -347,13 +399,13 @@ absl::StatusOr<bool> CudaBackend::QueryEvent(Event event) {
 
 absl::Status CudaBackend::WaitEvent(Event event, double timeout_seconds) {
   cudaEvent_t cuda_event = nullptr;
-  QueueKind recorded_on = QueueKind::kCompute;
+  Queue recorded_on = queue(QueueKind::kCompute);
   {
     std::lock_guard<std::mutex> lock(mu_);
     PO_ASSIGN_OR_RETURN(EventSlot * slot, SlotLocked(event, "WaitEvent"));
     if (slot->records == 0) return absl::OkStatus();
     cuda_event = slot->event;
-    recorded_on = slot->recorded_on;
+    recorded_on = Queue(this, slot->recorded_on, slot->recorded_lane);
   }
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
@@ -369,7 +421,7 @@ absl::Status CudaBackend::WaitEvent(Event event, double timeout_seconds) {
   if (done) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrFormat(
       "%s: event %d (recorded on the %s queue) not complete after %.3f s", name_, event.id(),
-      std::string(QueueKindName(recorded_on)), timeout_seconds));
+      QueueName(recorded_on), timeout_seconds));
 }
 
 absl::StatusOr<double> CudaBackend::EventTime(Event event) {
@@ -400,16 +452,23 @@ absl::Status CudaBackend::Synchronize(double timeout_seconds) {
   std::lock_guard<std::mutex> sync_lock(sync_mu_);
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
+  // Every queue that exists now, extra lanes included (a lane created meanwhile is idle).
+  std::vector<Queue> queues;
   for (int k = 0; k < kNumQueueKinds; ++k) {
-    PO_CUDA_RETURN_IF_ERROR(cudaEventRecord(sync_events_[k], streams_[k]));
+    const int lanes = lanes_[k].load(std::memory_order_acquire);
+    for (int lane = 0; lane < lanes; ++lane) {
+      queues.emplace_back(this, static_cast<QueueKind>(k), lane);
+      PO_CUDA_RETURN_IF_ERROR(cudaEventRecord(sync_events_[k][lane], streams_[k][lane]));
+    }
   }
-  bool idle[kNumQueueKinds] = {false, false, false};
+  std::vector<bool> idle(queues.size(), false);
   PO_ASSIGN_OR_RETURN(const bool done, internal::PollUntil(
       [&]() -> absl::StatusOr<bool> {
         bool all = true;
-        for (int k = 0; k < kNumQueueKinds; ++k) {
-          if (idle[k]) continue;
-          const cudaError_t query = cudaEventQuery(sync_events_[k]);
+        for (std::size_t q = 0; q < queues.size(); ++q) {
+          if (idle[q]) continue;
+          const cudaError_t query = cudaEventQuery(
+              sync_events_[QueueIndex(queues[q].kind())][queues[q].lane()]);
           if (query == cudaErrorNotReady) {
             all = false;
             continue;
@@ -417,18 +476,15 @@ absl::Status CudaBackend::Synchronize(double timeout_seconds) {
           if (query != cudaSuccess) {
             return internal::CudaStatus(query, "cudaEventQuery(sync)", __FILE__, __LINE__);
           }
-          idle[k] = true;
+          idle[q] = true;
         }
         return all;
       },
       timeout_seconds));
   if (done) return absl::OkStatus();
   std::string busy;
-  for (int k = 0; k < kNumQueueKinds; ++k) {
-    if (!idle[k]) {
-      absl::StrAppend(&busy, busy.empty() ? "" : ", ",
-                      std::string(QueueKindName(static_cast<QueueKind>(k))));
-    }
+  for (std::size_t q = 0; q < queues.size(); ++q) {
+    if (!idle[q]) absl::StrAppend(&busy, busy.empty() ? "" : ", ", QueueName(queues[q]));
   }
   return absl::DeadlineExceededError(absl::StrFormat(
       "%s: queues not idle after %.3f s: %s", name_, timeout_seconds, busy));
@@ -479,11 +535,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
 absl::StatusOr<cudaStream_t> CudaQueueStream(const Queue& queue) {
   const CudaBackend* backend = AsCuda(queue.owner());
   if (backend == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CudaQueueStream: the ", std::string(QueueKindName(queue.kind())),
-                     " queue does not belong to a CUDA backend"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaQueueStream: the ", QueueName(queue), " queue does not belong to a CUDA backend"));
   }
-  return backend->stream(queue.kind());
+  if (!backend->HasLane(queue)) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaQueueStream: ", backend->Name(),
+                                                   " has no ", QueueName(queue), " queue"));
+  }
+  return backend->stream(queue);
 }
 
 absl::StatusOr<cudaStream_t> CudaComputeStream(const Backend& backend) {
