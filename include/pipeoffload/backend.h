@@ -50,7 +50,7 @@ inline std::string_view QueueKindName(QueueKind kind) {
 
 // Queues of one kind a backend can have: the built-in one (lane 0) and up to
 // kMaxQueuesPerKind - 1 made by Backend::CreateQueue.
-inline constexpr int kMaxQueuesPerKind = 8;
+inline constexpr int kMaxQueuesPerKind = 32;
 
 // A queue of one backend, as a value: (owner, kind, lane). Lane 0 of each kind is built in
 // (Backend::queue()); lanes 1, 2, ... of a kind come from Backend::CreateQueue, in that order.

@@ -4,8 +4,11 @@
 // CPU updates the others (CpuAdam), so the CPU, the GPU and both PCIe directions work at once.
 // The bf16 parameters and gradients stay on the GPU in buffers the caller owns.
 //
-// No CUDA types appear here: streams are passed as `void*` (a cudaStream_t; nullptr is the
-// legacy default stream). Target: pipeoffload::optim_cuda (po_optim_cuda, PO_WITH_CUDA only).
+// The engine runs on a Backend (backend.h), like the runtime: its memory comes from the
+// backend, its work goes to queues of the backend, and its own arithmetic has a CPU and a CUDA
+// implementation, so on the CPU backend it runs (and is tested bit for bit) without a GPU. No
+// CUDA types appear here. Target: pipeoffload::optim_offload (po_optim_offload; with CUDA it
+// also runs on CUDA backends).
 #ifndef PIPEOFFLOAD_OPTIMIZER_OFFLOAD_H_
 #define PIPEOFFLOAD_OPTIMIZER_OFFLOAD_H_
 
@@ -18,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pipeoffload/adam.h"
+#include "pipeoffload/backend.h"
 
 namespace pipeoffload {
 
@@ -53,7 +57,6 @@ struct OptimizerOffloadOptions {
   AdamOptions adam;
   double max_grad_norm = 0.0;  // clip the global gradient norm to this; <= 0: no clipping
   CpuAdamOptions cpu;          // the CPU Adam's threads and instruction set
-  int device = 0;              // CUDA ordinal
   // Pinned host bytes the engine may take; 0: the host's available memory (MemAvailable of
   // /proc/meminfo). Create fails with ResourceExhausted before allocating when the state
   // needs more.
@@ -103,39 +106,59 @@ struct OptimizerMemory {
 // One engine per parameter set (a pipeline stage offloads its own). Not thread-safe: one
 // thread calls it (the engine's CPU Adam has its own worker threads).
 //
-// Stream semantics: AddGradients and Step order the engine's work after the work enqueued on
-// the caller's `stream` so far, and the caller's later work on `stream` after the engine's
-// reads of the caller's buffers; the engine uses its own streams (H2D state, H2D bf16 upload,
-// D2H, compute) and never synchronizes the device.
+// Queues and ordering (the contract with the caller): the caller's queue is the backend's
+// built-in compute queue, backend.queue(QueueKind::kCompute), where a StageModel enqueues its
+// kernels (stage_model.h) and so where the bf16 gradients are produced and the bf16 parameters
+// read. The engine works on four queues of its own, made at Create with Backend::CreateQueue:
+// a compute lane (sum of squares, upcast, GPU Adam; separate from the caller's so the update
+// overlaps it), a D2H lane (fp32 gradients of host subgroups, write-back of staged state), an
+// H2D lane (prefetch of staged state) and a second H2D lane (bf16 uploads of host subgroups,
+// which must not queue behind prefetches that wait on write-backs). So:
+//  - AddGradients orders the engine's reads of `grads` after the work enqueued on the caller's
+//    queue so far, and the caller's later work there after those reads;
+//  - Step orders every write of the bf16 parameters after the work enqueued on the caller's
+//    queue before the call, and returns only when every lane has finished, so any later work
+//    sees the new parameters;
+//  - the engine never synchronizes the backend (Synchronize) and never allocates after Create.
+// On the CPU backend every compute queue is the caller's thread, so the engine's compute work
+// runs inside its calls; its copies run on the lanes' worker threads.
+// Each engine takes 1 compute, 1 D2H and 2 H2D queues of its backend, which holds at most
+// kMaxQueuesPerKind of a kind: up to 15 engines per backend.
 class OptimizerOffload {
  public:
-  // Allocates everything once (pinned host state, device staging or resident state, events,
-  // CpuAdam), copies `initial_params` into the fp32 masters (m = v = 0) and writes their bf16
-  // values into `device_params_bf16`, which the engine updates in place at every Step.
-  // `initial_params` is host memory; `device_params_bf16` is device memory of options.device
-  // that must outlive the engine. Returns once the initial bf16 copy has landed.
-  // Errors (nothing is allocated or written then): InvalidArgument for bad options (naming the
-  // field), a null buffer, or a buffer whose size is not options.num_params;
-  // ResourceExhausted naming the bytes needed and available when the host limit or the
-  // device's free memory is too small, or when an allocation fails; FailedPrecondition when
-  // there is no such CUDA device.
+  // Allocates everything once (host state with Backend::AllocateHost, pinned on CUDA; device
+  // staging or resident state, scratch with AllocateDevice; events; queues; CpuAdam), copies
+  // `initial_params` into the fp32 masters (m = v = 0) and writes their bf16 values into
+  // `device_params_bf16`, which the engine updates in place at every Step.
+  // `initial_params` is host memory; `device_params_bf16` is device memory of `backend`; both
+  // `backend` and `device_params_bf16` must outlive the engine. Returns once the initial bf16
+  // copy has landed.
+  // Errors (nothing stays allocated or queued then; lanes already made stay with the backend,
+  // idle): InvalidArgument for bad options (naming
+  // the field), a null buffer, or a buffer whose size is not options.num_params;
+  // ResourceExhausted naming the bytes needed and available when the host limit is too small,
+  // naming the buffer and its bytes when an allocation fails, or when the backend has no queue
+  // left; FailedPrecondition for a backend that is neither a CUDA backend nor one with
+  // host-accessible device memory; DeadlineExceeded past options.timeout_seconds.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<OptimizerOffload>> Create(
-      const OptimizerOffloadOptions& options, std::span<const float> initial_params,
-      std::span<std::uint16_t> device_params_bf16);
+      Backend& backend, const OptimizerOffloadOptions& options,
+      std::span<const float> initial_params, std::span<std::uint16_t> device_params_bf16);
+  // Waits (bounded by options.timeout_seconds) for the engine's queued work, which may still
+  // read the gradients or write its buffers, before freeing them.
   virtual ~OptimizerOffload() = default;
 
   // Hands over the final bf16 gradients of parameters [offset, offset + count): `grads` is
-  // device memory holding `count` bf16 values, produced on `stream`. Enqueues (after `stream`'s
-  // work so far) their sum of squares, the upcast to fp32 and, for host-updated subgroups, the
-  // D2H copy into pinned memory, then makes `stream` wait for the engine's reads: the caller
-  // may overwrite `grads` with later work on `stream`. Returns at once. Every parameter must
+  // device memory holding `count` bf16 values, produced on the caller's queue. Enqueues (after
+  // that queue's work so far) their sum of squares, the upcast to fp32 and, for host-updated
+  // subgroups, the D2H copy into host memory, then makes the caller's queue wait for the
+  // engine's reads: the caller may overwrite `grads` with later work there. Returns at once
+  // (on the CPU backend, once the engine's compute work is done). Every parameter must
   // get its gradient exactly once per step, in any order and any cut into ranges; the sum of
   // squares depends on the cut (it is exactly reproducible for the same cut).
   // Errors (nothing enqueued): InvalidArgument for a null pointer, count <= 0, a range outside
   // [0, num_params), or a range that overlaps gradients already given this step.
   [[nodiscard]] virtual absl::Status AddGradients(const std::uint16_t* grads,
-                                                  std::int64_t offset, std::int64_t count,
-                                                  void* stream) = 0;
+                                                  std::int64_t offset, std::int64_t count) = 0;
 
   // Blocks until the work of every AddGradients so far has finished (the gradient path's time,
   // which belongs to backward, kept out of Step's update timing).
@@ -145,12 +168,11 @@ class OptimizerOffload {
   // subgroup where the placement says (all lanes at once), writes the new bf16 parameters into
   // the caller's buffer and every subgroup's new state back to its home. Returns when all of
   // it has finished. `loss_scale` divides the gradients (and the norm) and must be finite > 0.
-  // Work enqueued on `stream` before the call is finished before a parameter is written.
-  // Errors: InvalidArgument for a bad loss_scale; FailedPrecondition naming the first
+  // Work enqueued on the caller's queue before the call is finished before a parameter is
+  // written. Errors: InvalidArgument for a bad loss_scale; FailedPrecondition naming the first
   // subgroup whose gradients are incomplete (nothing updated; the gradients are kept);
-  // DeadlineExceeded past options.timeout_seconds; CUDA errors as Internal.
-  [[nodiscard]] virtual absl::StatusOr<OptimizerStepResult> Step(float loss_scale = 1.0f,
-                                                                 void* stream = nullptr) = 0;
+  // DeadlineExceeded past options.timeout_seconds; the backend's errors (CUDA: Internal).
+  [[nodiscard]] virtual absl::StatusOr<OptimizerStepResult> Step(float loss_scale = 1.0f) = 0;
 
   // kInterleaved only, between steps: the share of subgroups updated on the GPU from the next
   // step on. Errors: FailedPrecondition for other modes or with gradients pending;
@@ -170,8 +192,8 @@ class OptimizerOffload {
   virtual std::vector<SubgroupPlace> placement() const = 0;
   virtual OptimizerMemory memory() const = 0;
   virtual OptimizerStepStats last_step_stats() const = 0;
-  // Host and device allocations the engine has made (all at Create: tests check the steady
-  // state adds none).
+  // Host and device allocations the engine has made through its backend (all at Create: tests
+  // check the steady state adds none).
   virtual std::int64_t allocations() const = 0;
 };
 

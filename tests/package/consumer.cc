@@ -1,7 +1,8 @@
 // The CPU consumer of an installed pipeoffload (run by tests/package/run_package_test.cmake):
-// compiles a 1F1B schedule and checks its predicted peaks, checks that layer sliding links, then
-// runs a pipeline on CPU backends through pipeline.h and checks it against the predictions
-// (relay_pipeline.h).
+// compiles a 1F1B schedule and checks its predicted peaks, checks that layer sliding links, runs
+// one optimizer-offload step on a CPU backend (pipeoffload::optim_offload), then runs a pipeline
+// on CPU backends through pipeline.h and checks it against the predictions (relay_pipeline.h).
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "pipeoffload/backend.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/layer_sliding.h"
+#include "pipeoffload/optimizer_offload.h"
 #include "relay_pipeline.h"
 
 int main() {
@@ -31,6 +33,29 @@ int main() {
   // Layer sliding links too (with its liburing): an empty model shape is refused.
   if (pipeoffload::ValidateSlidingModelShape({}).ok()) {
     return relay::Report("consumer", "ValidateSlidingModelShape accepted an empty shape");
+  }
+
+  {
+    // One step of the offload engine on a CPU backend: "device" memory is host memory there.
+    auto backend = pipeoffload::CreateCpuBackend();
+    if (!backend.ok()) return relay::Report("consumer", backend.status().ToString());
+    pipeoffload::OptimizerOffloadOptions options;
+    options.num_params = 1000;
+    options.subgroup_size = 300;
+    options.cpu.threads = 1;
+    const std::vector<float> initial(1000, 1.0f);
+    std::vector<std::uint16_t> params(1000), grads(1000, 0x3F80);  // bf16 1.0
+    auto engine = pipeoffload::OptimizerOffload::Create(**backend, options, initial, params);
+    if (!engine.ok()) return relay::Report("consumer", engine.status().ToString());
+    if (absl::Status added = (*engine)->AddGradients(grads.data(), 0, 1000); !added.ok()) {
+      return relay::Report("consumer", added.ToString());
+    }
+    auto step = (*engine)->Step();
+    if (!step.ok() || !step->applied || step->step != 1 || params[0] == 0x3F80) {
+      return relay::Report("consumer", "the optimizer-offload step did not update the bf16 "
+                                       "parameters: " + step.status().ToString());
+    }
+    std::printf("consumer: optimizer offload step 1, gradient norm %.3f\n", step->grad_norm);
   }
 
   std::vector<std::unique_ptr<pipeoffload::Backend>> owned;

@@ -1,7 +1,7 @@
 // The CUDA consumer of an installed pipeoffload, built when the package has its CUDA targets
-// (pipeoffload_WITH_CUDA): links the CUDA backend, the GPU optimizer engine, layer sliding and,
-// with NCCL, the NCCL transport, and on a GPU runs the relay pipeline (relay_pipeline.h) on two
-// CUDA backends of device 0. Without a usable GPU it prints why and exits 77, which the CTest
+// (pipeoffload_WITH_CUDA): links the CUDA backend, the optimizer-offload engine with its GPU
+// Adam (optim_offload, optim_cuda), layer sliding and, with NCCL, the NCCL transport, and on a
+// GPU runs the relay pipeline (relay_pipeline.h) on two CUDA backends of device 0. Without a usable GPU it prints why and exits 77, which the CTest
 // test package_consumer_cuda (label gpu) reports as skipped.
 #include <cstdio>
 #include <memory>

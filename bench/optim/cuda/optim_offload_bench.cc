@@ -40,7 +40,8 @@
 #include "bench/optim/bench_flags.h"
 #include "lib/backend/cuda/cuda_check.h"
 #include "lib/optim/cuda/calibrate.h"
-#include "lib/optim/cuda/update_model.h"
+#include "lib/optim/update_model.h"
+#include "pipeoffload/cuda.h"
 #include "pipeoffload/optimizer_offload.h"
 
 namespace pipeoffload {
@@ -162,11 +163,11 @@ struct Sample {
 // path, timed to WaitForGradients), then Step.
 Sample StepOnce(const Flags& flags, OptimizerOffload& engine, const std::uint16_t* grads) {
   const auto start = std::chrono::steady_clock::now();
-  Require(engine.AddGradients(grads, 0, flags.params, nullptr), "AddGradients");
+  Require(engine.AddGradients(grads, 0, flags.params), "AddGradients");
   Require(engine.WaitForGradients(), "WaitForGradients");
   Sample sample;
   sample.grad = Seconds(start, std::chrono::steady_clock::now());
-  Require(engine.Step(1.0f, nullptr), "Step");
+  Require(engine.Step(1.0f), "Step");
   const OptimizerStepStats stats = engine.last_step_stats();
   sample.update = stats.update_seconds;
   sample.cpu = stats.cpu_adam_seconds;
@@ -254,6 +255,9 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   PO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  // The engines run on a CUDA backend of device 0, as a trainer's stage does.
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend({0});
+  Require(backend, "CUDA backend");
   const std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
@@ -295,8 +299,8 @@ int Main(int argc, char** argv) {
   Row calibrated_choice;  // phase 2: the calibration-only model's r
   {
     const auto create_start = std::chrono::steady_clock::now();
-    auto engine = OptimizerOffload::Create(EngineOptions(flags, OffloadMode::kInterleaved, 0.0),
-                                           initial, device_params);
+    auto engine = OptimizerOffload::Create(
+        **backend, EngineOptions(flags, OffloadMode::kInterleaved, 0.0), initial, device_params);
     Require(engine, "create interleaved engine");
     std::printf("Interleaved engine created in %.1f s (%.1f GB pinned).\n\n",
                 Seconds(create_start, std::chrono::steady_clock::now()),
@@ -353,8 +357,8 @@ int Main(int argc, char** argv) {
     rows.insert(rows.end(), choices.begin(), choices.end());
   }
   for (double s : flags.statics) {
-    auto engine = OptimizerOffload::Create(EngineOptions(flags, OffloadMode::kStatic, s), initial,
-                                           device_params);
+    auto engine = OptimizerOffload::Create(
+        **backend, EngineOptions(flags, OffloadMode::kStatic, s), initial, device_params);
     if (!engine.ok()) {
       std::printf("static %.2f: not run: %s\n\n", s, engine.status().ToString().c_str());
       continue;
@@ -364,8 +368,8 @@ int Main(int argc, char** argv) {
     rows.push_back(one.front());
   }
   if (flags.gpu) {
-    auto engine = OptimizerOffload::Create(EngineOptions(flags, OffloadMode::kGpu, 1.0), initial,
-                                           device_params);
+    auto engine = OptimizerOffload::Create(
+        **backend, EngineOptions(flags, OffloadMode::kGpu, 1.0), initial, device_params);
     if (!engine.ok()) {
       std::printf("gpu: not run: %s\n\n", engine.status().ToString().c_str());
     } else {

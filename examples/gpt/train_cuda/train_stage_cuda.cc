@@ -112,12 +112,12 @@ class CudaTrainStage final : public TrainStage {
       engine_options.adam.weight_decay = 0.0f;  // refused with offload (train_options.cc)
       engine_options.adam.decoupled_weight_decay = true;
       engine_options.cpu.threads = cpu_threads;
-      engine_options.device = device_;
       engine_options.timeout_seconds = std::max(600.0, options_.watchdog_seconds);
       // The working copy the kernels read: the engine rewrites it in place at every step.
       auto* weights = reinterpret_cast<std::uint16_t*>(params.mutable_weights());
       absl::StatusOr<std::unique_ptr<OptimizerOffload>> engine = OptimizerOffload::Create(
-          engine_options, initial, std::span<std::uint16_t>(weights, static_cast<std::size_t>(n)));
+          backend_, engine_options, initial,
+          std::span<std::uint16_t>(weights, static_cast<std::size_t>(n)));
       if (!engine.ok()) {
         return Annotate(engine.status(),
                         absl::StrCat("optimizer offload of chunk ", c, " (", n, " parameters)"));
@@ -228,10 +228,10 @@ class CudaTrainStage final : public TrainStage {
       const std::int64_t n = entry.params->padded_elements();
       PO_RETURN_IF_ERROR(cuda::Fp32ToBf16(entry.grad_bf16, entry.params->grad(0), n, stream_));
       PO_RETURN_IF_ERROR(entry.engine->AddGradients(
-          reinterpret_cast<const std::uint16_t*>(entry.grad_bf16), 0, n, stream_));
+          reinterpret_cast<const std::uint16_t*>(entry.grad_bf16), 0, n));
     }
     for (ChunkEngine& entry : engines_) {
-      PO_ASSIGN_OR_RETURN(const OptimizerStepResult result, entry.engine->Step(1.0f, stream_));
+      PO_ASSIGN_OR_RETURN(const OptimizerStepResult result, entry.engine->Step(1.0f));
       if (!result.applied) {
         return absl::DataLossError(absl::StrFormat(
             "chunk %d: the gradient norm is not finite (%g); the optimizer step was skipped",

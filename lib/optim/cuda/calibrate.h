@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "lib/optim/cuda/update_model.h"
+#include "lib/optim/update_model.h"
 #include "pipeoffload/adam.h"
 
 namespace pipeoffload {

@@ -1,6 +1,7 @@
-// Owners of the CUDA resources the optimizer-offload engine allocates once at Create (pinned
-// host arrays, device arrays, streams, events) and the bounded event wait it uses everywhere.
-// Destructors use the log-and-continue flavour: they run in teardown, maybe after an error.
+// Owners of the CUDA resources the update-rate calibration (calibrate.cc) allocates for its
+// probes (pinned host arrays, device arrays, streams) and the bounded event wait it uses. The
+// engine itself runs on the Backend interface (lib/optim/optimizer_offload.cc) and uses none of
+// this. Destructors use the log-and-continue flavour: they run in teardown, maybe after an error.
 #ifndef PIPEOFFLOAD_LIB_OPTIM_CUDA_CUDA_RESOURCES_H_
 #define PIPEOFFLOAD_LIB_OPTIM_CUDA_CUDA_RESOURCES_H_
 
@@ -13,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/backend/cuda/cuda_check.h"
 #include "lib/backend/cuda/cuda_status.h"
-#include "lib/optim/cuda/offload_plan.h"
+#include "lib/optim/offload_plan.h"
 
 namespace pipeoffload::internal {
 
@@ -47,7 +48,7 @@ class CudaArray {
       return absl::Status(
           error == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
                                              : status.code(),
-          absl::StrCat("optimizer offload: cannot allocate ", bytes, " bytes (",
+          absl::StrCat("calibration: cannot allocate ", bytes, " bytes (",
                        FormatBytes(static_cast<double>(bytes)), ") of ",
                        kPinned ? "pinned host" : "device", " memory for ", what, ": ",
                        status.message()));
@@ -89,24 +90,6 @@ class UniqueStream {
   cudaStream_t stream_ = nullptr;
 };
 
-class UniqueEvent {
- public:
-  UniqueEvent() = default;
-  UniqueEvent(const UniqueEvent&) = delete;
-  UniqueEvent& operator=(const UniqueEvent&) = delete;
-  ~UniqueEvent() {
-    if (event_ != nullptr) PO_CUDA_LOG_IF_ERROR(cudaEventDestroy(event_));
-  }
-  [[nodiscard]] absl::Status Create() {
-    PO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    return absl::OkStatus();
-  }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
 // Polls `event` until it completes (never the unbounded cudaEventSynchronize).
 // Errors: DeadlineExceeded naming `what` after `timeout_seconds`; the query's CUDA error.
 [[nodiscard]] inline absl::Status WaitForEvent(cudaEvent_t event, double timeout_seconds,
@@ -122,7 +105,7 @@ class UniqueEvent {
   if (!done.ok()) return done.status();
   if (!*done) {
     return absl::DeadlineExceededError(
-        absl::StrCat("optimizer offload: ", what, " not done after ", timeout_seconds, " s"));
+        absl::StrCat("calibration: ", what, " not done after ", timeout_seconds, " s"));
   }
   return absl::OkStatus();
 }

@@ -16,8 +16,8 @@
 // evenly among the H2D transfers in flight, likewise D2H; both are scaled by
 // pcie_factor_with_cpu while CPU Adam runs (DRAM is shared); CPU Adam runs at cpu_adam, or
 // cpu_adam_with_pcie while any transfer is in flight.
-#ifndef PIPEOFFLOAD_LIB_OPTIM_CUDA_UPDATE_MODEL_H_
-#define PIPEOFFLOAD_LIB_OPTIM_CUDA_UPDATE_MODEL_H_
+#ifndef PIPEOFFLOAD_LIB_OPTIM_UPDATE_MODEL_H_
+#define PIPEOFFLOAD_LIB_OPTIM_UPDATE_MODEL_H_
 
 #include <cstdint>
 #include <string>
@@ -130,4 +130,4 @@ struct MeasuredStep {
 
 }  // namespace pipeoffload
 
-#endif  // PIPEOFFLOAD_LIB_OPTIM_CUDA_UPDATE_MODEL_H_
+#endif  // PIPEOFFLOAD_LIB_OPTIM_UPDATE_MODEL_H_

@@ -1,6 +1,6 @@
 // PlanOffload and the checks before any allocation (offload_plan.h), plus the mode names of
 // optimizer_offload.h.
-#include "lib/optim/cuda/offload_plan.h"
+#include "lib/optim/offload_plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -72,7 +72,6 @@ absl::Status ValidateOffloadOptions(const OptimizerOffloadOptions& o) {
     return Bad("max_grad_norm", o.max_grad_norm, "must be finite (<= 0: no clipping)");
   }
   if (o.cpu.threads < 0) return Bad("cpu.threads", o.cpu.threads, "must be >= 0");
-  if (o.device < 0) return Bad("device", o.device, "must be >= 0");
   if (o.host_memory_limit_bytes < 0) {
     return Bad("host_memory_limit_bytes", static_cast<double>(o.host_memory_limit_bytes),
                "must be >= 0 (0: the host's available memory)");

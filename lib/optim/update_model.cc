@@ -2,7 +2,7 @@
 // simulation. Tasks hold remaining work (params or bytes); between two events every running
 // task progresses at a constant rate given by what else is running; the next event is the
 // earliest completion. Ready tasks start the instant their dependencies finish.
-#include "lib/optim/cuda/update_model.h"
+#include "lib/optim/update_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
-// The update-phase model (lib/optim/cuda/update_model.h): placement, hand-computed timelines,
+// The update-phase model (lib/optim/update_model.h): placement, hand-computed timelines,
 // invariances and bounds, and the optimality of the chosen share. Tags: [gpuadam][model].
-#include "lib/optim/cuda/update_model.h"
+#include "lib/optim/update_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,8 +2,8 @@
 // the bytes of every buffer, all computed before anything is allocated (so bad input and a host
 // that is too small fail cleanly and on any machine). Plain C++ (no CUDA): part of
 // po_optim_model and tested without a GPU.
-#ifndef PIPEOFFLOAD_LIB_OPTIM_CUDA_OFFLOAD_PLAN_H_
-#define PIPEOFFLOAD_LIB_OPTIM_CUDA_OFFLOAD_PLAN_H_
+#ifndef PIPEOFFLOAD_LIB_OPTIM_OFFLOAD_PLAN_H_
+#define PIPEOFFLOAD_LIB_OPTIM_OFFLOAD_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lib/optim/cuda/update_model.h"
+#include "lib/optim/update_model.h"
 #include "pipeoffload/optimizer_offload.h"
 
 namespace pipeoffload::internal {
@@ -69,4 +69,4 @@ std::string FormatBytes(double bytes);
 
 }  // namespace pipeoffload::internal
 
-#endif  // PIPEOFFLOAD_LIB_OPTIM_CUDA_OFFLOAD_PLAN_H_
+#endif  // PIPEOFFLOAD_LIB_OPTIM_OFFLOAD_PLAN_H_
