@@ -19,7 +19,7 @@
  *  - `reserved` fields must be zero (nonzero is PO_ERROR_INVALID_ARGUMENT), so that they can be
  *    given a meaning later.
  *  - po_op is frozen (arrays of it are handed out): it will never grow.
- *  - Handles (po_schedule, po_predictions, po_pipeline) are opaque and owned by the caller
+ *  - Handles (po_schedule, po_predictions, po_pipeline, po_stage) are opaque and owned by the caller
  *    from the call that returns them until its po_*_free. po_schedule and po_predictions are
  *    immutable, so any number of threads may call the const-handle functions on one handle at
  *    once; freeing must not race with use. po_pipeline's calls must not overlap (its section).
@@ -327,12 +327,11 @@ PO_C_API_EXPORT po_status po_predictions_warning(const po_predictions* predictio
  * the stage's F / B / W callback for each compute op of its program, while the runtime moves
  * stash entries to host memory and back (OFFLOAD / RELEASE / RELOAD) as the schedule says.
  *
- * Why every stage of one process, and no per-rank open yet: a per-rank stage needs the
- * transport and rank group its job launcher made (MPI bootstrap, an NCCL communicator), which
- * this ABI would have to accept as handles of their own; one process with a thread per stage
- * needs none of that, is what a test or a one-GPU trainer runs, and has exactly the per-stage
- * contract a per-rank po_stage_open will have (same callbacks, same stats). A one-stage
- * po_pipeline is a single rank's stage. po_stage_open is a later addition under these rules.
+ * Two ways to open: po_pipeline_open runs every stage in this process (a thread per stage:
+ * tests, one GPU shared by the stages); po_stage_open (after po_pipeline_free below) runs this
+ * process's one stage of a job whose ranks are the stages (mpirun, one rank per GPU or per
+ * CPU), over MPI or NCCL. Both take the same callbacks and options and give the same stats;
+ * what is said here of a stage's callbacks holds for both.
  *
  * Threads.
  *  - Stage d's callbacks (saved_bytes included) are called on a thread the library runs for
@@ -517,6 +516,68 @@ PO_C_API_EXPORT po_status po_pipeline_schedule(const po_pipeline* pipeline, po_s
 
 /* Drains and frees every stage; NULL is allowed. Must not overlap another call on it. */
 PO_C_API_EXPORT void po_pipeline_free(po_pipeline* pipeline);
+
+/* ---- one rank's stage -------------------------------------------------------------------- */
+
+/* A job of several processes (launched by mpirun, or any launcher Open MPI accepts: its
+ * environment names the rank) in which rank r runs stage r of the schedule. Every rank opens
+ * its stage with po_stage_open, runs it with po_stage_run and frees it; each call that says
+ * "collective" must be made by every rank, in the same order, or the others wait for it (up to
+ * wait_timeout_seconds, then fail naming what they waited for).
+ *  - MPI: the library starts MPI (MPI_Init_thread) when nobody has yet, and finalizes it at
+ *    po_stage_free in that case; a caller that started MPI itself keeps it. Only one po_stage
+ *    per process.
+ *  - The callbacks follow the rules above ("Threads", "Buffers and streams"), with stage =
+ *    this rank; they are called on the thread that calls po_stage_open and po_stage_run.
+ *  - Failures: after each iteration every rank learns every other's outcome, so all ranks
+ *    return the same error from po_stage_run ("iteration I failed on 1 of 4 ranks (rank 2):
+ *    <reason>", each failed rank named with its reason, the code that of the lowest failed
+ *    rank). A rank whose callback fails reports that failure; the ranks that waited for it
+ *    report their timeouts after wait_timeout_seconds. Open fails alike on every rank. */
+
+/* Transports (po_stage_open). */
+enum {
+  PO_TRANSPORT_MPI = 0, /* MPI point-to-point with host buffers: needs PO_BACKEND_CPU (the Open
+                           MPI here is not CUDA-aware) */
+  PO_TRANSPORT_NCCL = 1 /* NCCL between GPUs, bootstrapped over MPI: needs PO_BACKEND_CUDA; the
+                           GPU is cuda_device, or with cuda_device = -1 the rank's local index
+                           on its node (one GPU per rank) */
+};
+
+typedef struct po_stage po_stage; /* this process's stage of a job of several ranks */
+
+/* Collective. Joins the job and opens stage r = this rank with `callbacks` (one table) and
+ * `options` (as po_pipeline_open's; the schedule's stage count must be the job's size).
+ * Errors: those of po_pipeline_open (the same on every rank, naming the ranks that failed);
+ * INVALID_ARGUMENT for an unknown transport, or a backend that does not go with it;
+ * UNIMPLEMENTED when the library was built without that transport; UNAVAILABLE when MPI or
+ * NCCL cannot start; DEADLINE_EXCEEDED when a rank does not arrive in time. */
+PO_C_API_EXPORT po_status po_stage_open(const po_stage_callbacks* callbacks,
+                                        const po_pipeline_options* options, int32_t transport,
+                                        po_stage** out);
+
+/* Collective. Runs `num_iterations` (>= 1) iterations of this stage's program, calling
+ * on_iteration(user, i, ...) (when not NULL) after iteration i has finished on every rank.
+ * Errors: as po_pipeline_run's, the same on every rank (see "Failures" above). */
+PO_C_API_EXPORT po_status po_stage_run(po_stage* stage, int32_t num_iterations,
+                                       po_iteration_fn on_iteration, void* user);
+
+/* This rank (= its stage) and the job's size (= the stage count). */
+PO_C_API_EXPORT po_status po_stage_rank(const po_stage* stage, int32_t* rank,
+                                        int32_t* num_stages);
+
+/* This stage's measured iteration `iteration` of the last po_stage_run (out->struct_size set
+ * by the caller). Errors: OUT_OF_RANGE for an iteration that did not finish in the last run. */
+PO_C_API_EXPORT po_status po_stage_stats(const po_stage* stage, int32_t iteration,
+                                         po_iteration_stats* out);
+
+/* A new handle holding the schedule every rank runs, with its predictions (as
+ * po_pipeline_schedule). The caller frees it with po_schedule_free. */
+PO_C_API_EXPORT po_status po_stage_schedule(const po_stage* stage, po_schedule** out);
+
+/* Not collective, but every rank should free its stage: it drains the device, leaves the job
+ * and, when the library started MPI, finalizes it. NULL is allowed. */
+PO_C_API_EXPORT void po_stage_free(po_stage* stage);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -26,6 +26,14 @@ bool MpiFinalized() {
 
 absl::StatusOr<MpiComm> DupMpiWorld(std::string_view who) {
   MpiComm out;
+  if (MpiFinalized()) {
+    // MPI starts once per process: MPI_Init after MPI_Finalize is erroneous (it may abort).
+    return absl::FailedPreconditionError(
+        absl::StrCat(std::string(who),
+                     ": MPI was already finalized in this process; it can be started only once "
+                     "(keep one MPI group or transport alive for the whole job, or initialize "
+                     "MPI yourself)"));
+  }
   int initialized = 0;
   PO_MPI_RETURN_IF_ERROR_AS(who, MPI_Initialized(&initialized));
   if (!initialized) {

@@ -1,6 +1,6 @@
 """pipeoffload: compile, inspect, export and simulate pipeline schedules with activation
-offload, and run every stage of a pipeline in this process with Python callbacks
-(LocalPipeline), over the library's C ABI (libpipeoffload_c.so, include/pipeoffload/c_api.h).
+offload, and run a pipeline with Python callbacks, every stage in this process (LocalPipeline)
+or one stage per MPI rank (RankStage), over the library's C ABI (libpipeoffload_c.so, include/pipeoffload/c_api.h).
 
     import pipeoffload as po
     schedule = po.compile(stages=4, microbatches=8, costs=po.Costs.unit())
@@ -12,7 +12,8 @@ from . import _native
 from .errors import (Error, FailedPreconditionError, InternalError, InvalidArgumentError,
                      NotFoundError, OutOfRangeError, PermissionDeniedError,
                      ResourceExhaustedError)
-from .pipeline import BACKENDS, Call, IterationStats, LocalPipeline, run_local_pipeline
+from .pipeline import (BACKENDS, TRANSPORTS, Call, IterationStats, LocalPipeline, RankStage,
+                       run_local_pipeline)
 from .predictions import LinkTraffic, Predictions, StagePrediction
 from .schedule import FORMATS, Costs, Op, Schedule, Spec, compile, load, parse
 
@@ -22,7 +23,8 @@ library_path = _native.library_path  # the libpipeoffload_c.so in use
 __all__ = [
     "BACKENDS", "Call", "Costs", "Error", "FailedPreconditionError", "FORMATS", "InternalError",
     "InvalidArgumentError", "IterationStats", "LinkTraffic", "LocalPipeline", "NotFoundError",
-    "Op", "OutOfRangeError", "PermissionDeniedError", "Predictions", "ResourceExhaustedError",
+    "Op", "OutOfRangeError", "PermissionDeniedError", "Predictions", "RankStage",
+    "ResourceExhaustedError",
     "Schedule", "Spec", "StagePrediction", "compile", "library_path", "load", "parse",
-    "run_local_pipeline",
+    "run_local_pipeline", "TRANSPORTS",
 ]

@@ -218,6 +218,13 @@ _SIGNATURES = {
                                     _P(IterationStats)]),
     "po_pipeline_schedule": (_status, [_handle, _P(_handle)]),
     "po_pipeline_free": (None, [_handle]),
+    "po_stage_open": (_status, [_P(StageCallbacks), _P(PipelineOptions), ctypes.c_int32,
+                                _P(_handle)]),
+    "po_stage_run": (_status, [_handle, ctypes.c_int32, IterationFn, ctypes.c_void_p]),
+    "po_stage_rank": (_status, [_handle, _P(ctypes.c_int32), _P(ctypes.c_int32)]),
+    "po_stage_stats": (_status, [_handle, ctypes.c_int32, _P(IterationStats)]),
+    "po_stage_schedule": (_status, [_handle, _P(_handle)]),
+    "po_stage_free": (None, [_handle]),
 }
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _function = getattr(lib, _name)

@@ -1,4 +1,5 @@
-"""Run every stage of a pipeline in this process with Python callbacks (po_pipeline, c_api.h):
+"""Run a pipeline with Python callbacks: every stage in this process (LocalPipeline, po_pipeline
+of c_api.h), or one stage per MPI rank (RankStage, po_stage):
 the runtime walks each stage's compiled program, calls the stage model's forward / backward /
 backward_weight for its compute ops, and moves stash entries to host memory and back as the
 schedule's offload ops say.
@@ -92,33 +93,21 @@ def _error_text(exception):
     return f"{type(exception).__name__}: {exception}"
 
 
-class LocalPipeline(_native.OwnedHandle):
-    """Every stage of a pipeline in this process, stage d driven by models[d].
+class _CallbackRunner(_native.OwnedHandle):
+    """What LocalPipeline and RankStage share: Python models as C callback tables, the options
+    struct, the first exception a callback raised (chained to the run's error), and the
+    on_iteration hook."""
 
-    A model has `boundary_bytes` (int), `saved_bytes(chunk, split_backward)` (int > 0, the same
-    for every microbatch), `forward(call)` and `backward(call)`, and `backward_weight(call)`
-    when the schedule splits W (see Call). Give the schedule as compile()'s keywords (stages,
-    microbatches, chunks, family, offload, ...; compiled under nominal costs and the models'
-    exact sizes), or as `schedule` (a Schedule) or `schedule_file` (JSON). `backend`: "cpu" or
-    "cuda" (a library built with CUDA; device `cuda_device`). `wait_timeout_seconds` bounds every
-    wait; `arena_budget_bytes` 0 sizes each stage's arena from the plan.
-
-    Raises InvalidArgumentError for a model without forward / backward / saved_bytes, a size
-    <= 0, a missing backward_weight under a split schedule (the message names the stage);
-    FailedPreconditionError for a schedule of another stage count; the compiler's errors.
-    close() (or `with`) drains and frees every stage."""
-    _free = "po_pipeline_free"
-    _what = "pipeline"
-
-    def __init__(self, models, *, schedule: Optional[Schedule] = None,
-                 schedule_file=None, backend: str = "cpu", cuda_device: int = 0,
-                 nominal_chunk_time: float = 1.0, wait_timeout_seconds: float = 60.0,
-                 arena_budget_bytes: int = 0, **spec):
+    def __init__(self):
         super().__init__(None)
-        self._models = list(models)
         self._lock = threading.Lock()
         self._exception = None  # the first exception a callback raised
         self._keep = []  # every ctypes callback object: the library calls them until close()
+
+    @staticmethod
+    def _options(what, schedule, schedule_file, backend, cuda_device, nominal_chunk_time,
+                 wait_timeout_seconds, arena_budget_bytes, spec):
+        """A po_pipeline_options, and the spec struct it points to (keep it alive)."""
         if backend not in BACKENDS:
             raise errors.InvalidArgumentError(
                 errors.INVALID_ARGUMENT, "INVALID_ARGUMENT",
@@ -130,23 +119,15 @@ class LocalPipeline(_native.OwnedHandle):
         options.nominal_chunk_time = nominal_chunk_time
         options.wait_timeout_seconds = wait_timeout_seconds
         options.arena_budget_bytes = arena_budget_bytes
+        raw_spec = None
         if spec:
-            raw_spec = spec_struct("LocalPipeline()", spec)
+            raw_spec = spec_struct(what, spec)
             options.spec = ctypes.pointer(raw_spec)
         if schedule is not None:
             options.schedule = schedule._live()
         if schedule_file is not None:
             options.schedule_file = os.fsencode(schedule_file)
-        tables = (_native.StageCallbacks * max(len(self._models), 1))()
-        for d, model in enumerate(self._models):
-            self._fill(tables[d], model)
-        self._tables = tables
-        handle = ctypes.c_void_p()
-        self._call(_native.lib.po_pipeline_open(tables, len(self._models),
-                                                ctypes.byref(options), ctypes.byref(handle)))
-        self._handle = handle
-
-    # --- callbacks ----------------------------------------------------------------------
+        return options, raw_spec
 
     def _remember(self, exception):
         with self._lock:
@@ -187,6 +168,20 @@ class LocalPipeline(_native.OwnedHandle):
                 setattr(table, field, function)
                 self._keep.append(function)
 
+    def _iteration_hook(self, on_iteration):
+        """on_iteration(i) as a po_iteration_fn (NULL for None)."""
+        if on_iteration is None:
+            return _native.IterationFn()
+        def call_on_iteration(user, iteration, error):
+            try:
+                on_iteration(iteration)
+                return errors.OK
+            except BaseException as exception:  # noqa: B036
+                self._remember(exception)
+                _native.lib.po_callback_error_set(error, _error_text(exception).encode())
+                return errors.UNKNOWN
+        return _native.IterationFn(call_on_iteration)  # the caller holds it through the run
+
     def _call(self, status):
         """check(status), the error chained to (and naming) the first callback exception."""
         if status == errors.OK:
@@ -199,7 +194,47 @@ class LocalPipeline(_native.OwnedHandle):
             message += f" (a callback raised {_error_text(exception)})"
         raise errors.error_for(status, code_name, message) from exception
 
-    # --- the pipeline -------------------------------------------------------------------
+    @staticmethod
+    def _to_stats(raw):
+        return IterationStats(**{field.name: getattr(raw, field.name)
+                                 for field in dataclasses.fields(IterationStats)})
+
+
+class LocalPipeline(_CallbackRunner):
+    """Every stage of a pipeline in this process, stage d driven by models[d].
+
+    A model has `boundary_bytes` (int), `saved_bytes(chunk, split_backward)` (int > 0, the same
+    for every microbatch), `forward(call)` and `backward(call)`, and `backward_weight(call)`
+    when the schedule splits W (see Call). Give the schedule as compile()'s keywords (stages,
+    microbatches, chunks, family, offload, ...; compiled under nominal costs and the models'
+    exact sizes), or as `schedule` (a Schedule) or `schedule_file` (JSON). `backend`: "cpu" or
+    "cuda" (a library built with CUDA; device `cuda_device`). `wait_timeout_seconds` bounds every
+    wait; `arena_budget_bytes` 0 sizes each stage's arena from the plan.
+
+    Raises InvalidArgumentError for a model without forward / backward / saved_bytes, a size
+    <= 0, a missing backward_weight under a split schedule (the message names the stage);
+    FailedPreconditionError for a schedule of another stage count; the compiler's errors.
+    close() (or `with`) drains and frees every stage."""
+    _free = "po_pipeline_free"
+    _what = "pipeline"
+
+    def __init__(self, models, *, schedule: Optional[Schedule] = None,
+                 schedule_file=None, backend: str = "cpu", cuda_device: int = 0,
+                 nominal_chunk_time: float = 1.0, wait_timeout_seconds: float = 60.0,
+                 arena_budget_bytes: int = 0, **spec):
+        super().__init__()
+        self._models = list(models)
+        options, _spec = self._options("LocalPipeline()", schedule, schedule_file, backend,
+                                       cuda_device, nominal_chunk_time, wait_timeout_seconds,
+                                       arena_budget_bytes, spec)
+        tables = (_native.StageCallbacks * max(len(self._models), 1))()
+        for d, model in enumerate(self._models):
+            self._fill(tables[d], model)
+        self._tables = tables
+        handle = ctypes.c_void_p()
+        self._call(_native.lib.po_pipeline_open(tables, len(self._models),
+                                                ctypes.byref(options), ctypes.byref(handle)))
+        self._handle = handle
 
     @property
     def num_stages(self) -> int:
@@ -219,17 +254,7 @@ class LocalPipeline(_native.OwnedHandle):
         stage. After a failed run the pipeline may only be closed (FailedPreconditionError
         otherwise): open a new one."""
         handle = self._live()
-        hook = _native.IterationFn()  # NULL
-        if on_iteration is not None:
-            def call_on_iteration(user, iteration, error):
-                try:
-                    on_iteration(iteration)
-                    return errors.OK
-                except BaseException as exception:  # noqa: B036
-                    self._remember(exception)
-                    _native.lib.po_callback_error_set(error, _error_text(exception).encode())
-                    return errors.UNKNOWN
-            hook = _native.IterationFn(call_on_iteration)
+        hook = self._iteration_hook(on_iteration)
         self._call(_native.lib.po_pipeline_run(handle, iterations, hook, None))
         return [[self._stats(i, d) for d in range(self.num_stages)] for i in range(iterations)]
 
@@ -237,8 +262,69 @@ class LocalPipeline(_native.OwnedHandle):
         raw = _native.result_struct(_native.IterationStats)
         _native.check(_native.lib.po_pipeline_stats(self._handle, iteration, stage,
                                                     ctypes.byref(raw)))
-        return IterationStats(**{field.name: getattr(raw, field.name)
-                                 for field in dataclasses.fields(IterationStats)})
+        return self._to_stats(raw)
+
+
+TRANSPORTS = {"mpi": 0, "nccl": 1}  # PO_TRANSPORT_*
+
+
+class RankStage(_CallbackRunner):
+    """This process's stage of a pipeline whose stages are the ranks of an MPI job (po_stage,
+    c_api.h): launch the script with `mpirun -np P python3 train.py`, and rank r runs stage r
+    with `model` (the same protocol as LocalPipeline's models).
+
+    `transport`: "mpi" (the CPU backend; host buffers) or "nccl" (backend "cuda"; cuda_device
+    -1 takes the rank's local index on its node). The library starts MPI unless the process
+    already did (e.g. mpi4py), and then finalizes it at close(): one RankStage per process in
+    that case. Opening, run() and their failures are collective: every rank must call them,
+    and all raise the same error, naming each failed rank with its reason."""
+    _free = "po_stage_free"
+    _what = "stage"
+
+    def __init__(self, model, *, transport: str = "mpi", schedule: Optional[Schedule] = None,
+                 schedule_file=None, backend: str = "cpu", cuda_device: int = 0,
+                 nominal_chunk_time: float = 1.0, wait_timeout_seconds: float = 60.0,
+                 arena_budget_bytes: int = 0, **spec):
+        super().__init__()
+        if transport not in TRANSPORTS:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+                f"unknown transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
+        self._model = model
+        options, _spec = self._options("RankStage()", schedule, schedule_file, backend,
+                                       cuda_device, nominal_chunk_time, wait_timeout_seconds,
+                                       arena_budget_bytes, spec)
+        self._table = _native.StageCallbacks()
+        self._fill(self._table, model)
+        handle = ctypes.c_void_p()
+        self._call(_native.lib.po_stage_open(ctypes.byref(self._table), ctypes.byref(options),
+                                             TRANSPORTS[transport], ctypes.byref(handle)))
+        self._handle = handle
+        rank, size = ctypes.c_int32(), ctypes.c_int32()
+        _native.check(_native.lib.po_stage_rank(handle, ctypes.byref(rank), ctypes.byref(size)))
+        self.rank, self.num_stages = rank.value, size.value
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule every rank runs, with the predictions it was planned with."""
+        handle = ctypes.c_void_p()
+        _native.check(_native.lib.po_stage_schedule(self._live(), ctypes.byref(handle)))
+        return Schedule(handle)
+
+    def run(self, iterations: int = 1,
+            on_iteration: Optional[Callable[[int], None]] = None) -> List[IterationStats]:
+        """Collective: runs `iterations` iterations of this rank's stage, calling
+        on_iteration(i) after iteration i has finished on every rank. Returns this stage's
+        stats of each iteration."""
+        handle = self._live()
+        hook = self._iteration_hook(on_iteration)
+        self._call(_native.lib.po_stage_run(handle, iterations, hook, None))
+        stats = []
+        for i in range(iterations):
+            raw = _native.result_struct(_native.IterationStats)
+            _native.check(_native.lib.po_stage_stats(handle, i, ctypes.byref(raw)))
+            stats.append(self._to_stats(raw))
+        return stats
 
 
 def run_local_pipeline(models, iterations: int = 1, *,

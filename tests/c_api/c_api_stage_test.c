@@ -14,156 +14,7 @@
 
 #include "pipeoffload/c_api.h"
 #include "tests/c_api/expect.h"
-
-enum { kWidth = 64, kMaxVirtual = 8, kMaxMicrobatches = 8, kMaxStages = 4 };
-
-/* What every stage's callbacks write: gradients by (virtual stage, mb), so the check does not
- * depend on the order a schedule runs microbatches in. */
-typedef struct Results {
-  float weight_grad[kMaxVirtual][kMaxMicrobatches][kWidth]; /* dL/da_l of microbatch mb */
-  float input_grad[kMaxMicrobatches][kWidth];               /* dL/dx of virtual stage 0 */
-  float loss_input[kMaxMicrobatches][kWidth];               /* y of the last virtual stage */
-} Results;
-
-/* One stage's `user` context. */
-typedef struct Toy {
-  int32_t stage, num_stages, num_chunks, split;
-  Results* results;
-  int32_t calls;              /* compute callbacks seen (this stage's thread only) */
-  int32_t fail_kind, fail_mb; /* the op to fail (fail_kind -1: none) ... */
-  po_status fail_code;        /* ... with this code */
-  const char* fail_message;   /* ... and message (NULL: none given) */
-  int32_t saved_bytes_answer; /* 0: the real size; else this (a bad answer) */
-  uint64_t streams_seen;      /* OR of every args->stream */
-} Toy;
-
-static float Weight(int32_t l, int32_t i) { return 1.0f + 0.01f * (float)((l + 1) * (i % 5)); }
-static float Input(int32_t mb, int32_t i) { return (float)((mb * 7 + i * 3) % 11) * 0.25f - 1.0f; }
-static float Target(int32_t i) { return 0.5f * (float)i / kWidth; }
-
-/* Loop placement: chunk c of stage d is virtual stage c * p + d. */
-static int32_t Virtual(const Toy* toy, int32_t chunk) {
-  return chunk * toy->num_stages + toy->stage;
-}
-static int32_t LastVirtual(const Toy* toy) { return toy->num_stages * toy->num_chunks - 1; }
-
-static int64_t SavedBytes(void* user, int32_t stage, int32_t chunk, int32_t split) {
-  const Toy* toy = (const Toy*)user;
-  (void)stage;
-  (void)chunk;
-  if (toy->saved_bytes_answer != 0) return toy->saved_bytes_answer;
-  /* x; with W split off, also dy, which B leaves for W. */
-  return (int64_t)(split ? 2 : 1) * kWidth * (int64_t)sizeof(float);
-}
-
-/* Fails the call when it is the one the test asked to fail. */
-static po_status MaybeFail(Toy* toy, const po_compute_args* args, po_callback_error* error) {
-  if (args->kind != toy->fail_kind || args->mb != toy->fail_mb) return PO_OK;
-  if (toy->fail_message != NULL) po_callback_error_set(error, toy->fail_message);
-  return toy->fail_code;
-}
-
-static po_status Forward(void* user, const po_compute_args* args, po_callback_error* error) {
-  Toy* toy = (Toy*)user;
-  const int32_t l = Virtual(toy, args->chunk);
-  float* x = (float*)args->saved;
-  int32_t i;
-  ++toy->calls;
-  toy->streams_seen |= args->stream;
-  if (args->kind != PO_OP_FORWARD || args->stage != toy->stage ||
-      args->struct_size != sizeof(po_compute_args) ||
-      args->boundary_bytes != kWidth * (int64_t)sizeof(float) ||
-      args->saved_bytes != SavedBytes(user, toy->stage, args->chunk, toy->split) ||
-      (args->input == NULL) != (l == 0) || (args->output == NULL) != (l == LastVirtual(toy))) {
-    po_callback_error_set(error, "toy: forward got arguments against the contract");
-    return PO_ERROR_INTERNAL;
-  }
-  for (i = 0; i < kWidth; ++i) x[i] = l == 0 ? Input(args->mb, i) : ((const float*)args->input)[i];
-  for (i = 0; i < kWidth; ++i) {
-    const float y = Weight(l, i) * x[i];
-    if (args->output != NULL) {
-      ((float*)args->output)[i] = y;
-    } else {
-      toy->results->loss_input[args->mb][i] = y;
-    }
-  }
-  return MaybeFail(toy, args, error);
-}
-
-/* dy of (mb, l): from the loss on the last virtual stage, else the gradient received. */
-static float OutputGrad(const po_compute_args* args, int32_t l, int32_t i) {
-  if (args->input != NULL) return ((const float*)args->input)[i];
-  return Weight(l, i) * ((const float*)args->saved)[i] - Target(i);
-}
-
-static void WeightGrad(Toy* toy, int32_t l, int32_t mb, const float* x, const float* dy) {
-  int32_t i;
-  for (i = 0; i < kWidth; ++i) toy->results->weight_grad[l][mb][i] = dy[i] * x[i];
-}
-
-static po_status Backward(void* user, const po_compute_args* args, po_callback_error* error) {
-  Toy* toy = (Toy*)user;
-  const int32_t l = Virtual(toy, args->chunk);
-  float* saved = (float*)args->saved;
-  float dy[kWidth];
-  int32_t i;
-  ++toy->calls;
-  if (args->kind != PO_OP_BACKWARD || args->with_weight_grad != !toy->split ||
-      (args->input == NULL) != (l == LastVirtual(toy)) || (args->output == NULL) != (l == 0)) {
-    po_callback_error_set(error, "toy: backward got arguments against the contract");
-    return PO_ERROR_INTERNAL;
-  }
-  for (i = 0; i < kWidth; ++i) dy[i] = OutputGrad(args, l, i);
-  for (i = 0; i < kWidth; ++i) {
-    const float dx = Weight(l, i) * dy[i];
-    if (args->output != NULL) {
-      ((float*)args->output)[i] = dx;
-    } else {
-      toy->results->input_grad[args->mb][i] = dx;
-    }
-  }
-  if (args->with_weight_grad) {
-    WeightGrad(toy, l, args->mb, saved, dy);
-  } else {
-    memcpy(saved + kWidth, dy, sizeof(dy)); /* what W needs */
-  }
-  return MaybeFail(toy, args, error);
-}
-
-static po_status BackwardWeight(void* user, const po_compute_args* args,
-                                po_callback_error* error) {
-  Toy* toy = (Toy*)user;
-  const float* saved = (const float*)args->saved;
-  ++toy->calls;
-  if (args->kind != PO_OP_BACKWARD_WEIGHT || args->input != NULL || args->output != NULL) {
-    po_callback_error_set(error, "toy: backward_weight got arguments against the contract");
-    return PO_ERROR_INTERNAL;
-  }
-  WeightGrad(toy, Virtual(toy, args->chunk), args->mb, saved, saved + kWidth);
-  return MaybeFail(toy, args, error);
-}
-
-/* The same model as one straight line: forward through every virtual stage, then backward. */
-static void Reference(int32_t num_virtual, int32_t m, Results* out) {
-  int32_t mb, l, i;
-  for (mb = 0; mb < m; ++mb) {
-    float x[kMaxVirtual + 1][kWidth];
-    float dy[kWidth];
-    for (i = 0; i < kWidth; ++i) x[0][i] = Input(mb, i);
-    for (l = 0; l < num_virtual; ++l) {
-      for (i = 0; i < kWidth; ++i) x[l + 1][i] = Weight(l, i) * x[l][i];
-    }
-    for (i = 0; i < kWidth; ++i) out->loss_input[mb][i] = x[num_virtual][i];
-    for (i = 0; i < kWidth; ++i) dy[i] = x[num_virtual][i] - Target(i);
-    for (l = num_virtual - 1; l >= 0; --l) {
-      for (i = 0; i < kWidth; ++i) {
-        out->weight_grad[l][mb][i] = dy[i] * x[l][i];
-        dy[i] = Weight(l, i) * dy[i];
-      }
-    }
-    for (i = 0; i < kWidth; ++i) out->input_grad[mb][i] = dy[i];
-  }
-}
+#include "tests/c_api/toy_model.h"
 
 typedef struct Rig {
   Toy toys[kMaxStages];
@@ -171,38 +22,14 @@ typedef struct Rig {
   Results results;
 } Rig;
 
-static void InitRig(Rig* rig, int32_t p, int32_t v, int32_t split) {
+static void InitRig(Rig* rig, int32_t p, int32_t v, int32_t split, int32_t backend) {
   int32_t d;
   memset(rig, 0, sizeof(*rig));
   for (d = 0; d < p; ++d) {
-    Toy* toy = &rig->toys[d];
-    toy->stage = d;
-    toy->num_stages = p;
-    toy->num_chunks = v;
-    toy->split = split;
-    toy->results = &rig->results;
-    toy->fail_kind = -1;
-    po_stage_callbacks_init(&rig->callbacks[d]);
-    rig->callbacks[d].user = toy;
-    rig->callbacks[d].boundary_bytes = kWidth * (int64_t)sizeof(float);
-    rig->callbacks[d].saved_bytes = SavedBytes;
-    rig->callbacks[d].forward = Forward;
-    rig->callbacks[d].backward = Backward;
-    rig->callbacks[d].backward_weight = split ? BackwardWeight : NULL;
+    ToyInit(&rig->toys[d], d, p, v, split, &rig->results);
+    rig->toys[d].device_buffers = backend == PO_BACKEND_CUDA;
+    ToyCallbacks(&rig->toys[d], &rig->callbacks[d]);
   }
-}
-
-static po_spec Spec(const char* family, const char* offload, int32_t p, int32_t m, int32_t v,
-                    int32_t split) {
-  po_spec spec;
-  po_spec_init(&spec);
-  spec.family = family;
-  spec.offload = offload;
-  spec.num_stages = p;
-  spec.num_microbatches = m;
-  spec.chunks_per_stage = v;
-  spec.split_backward = split;
-  return spec;
 }
 
 static int32_t IterationsSeen = 0;
@@ -225,7 +52,7 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
   po_predictions* predictions = NULL;
   int64_t offloaded = 0;
   int32_t d, stages = 0;
-  InitRig(rig, p, v, spec->split_backward);
+  InitRig(rig, p, v, spec->split_backward, backend);
   po_pipeline_options_init(&options);
   options.spec = spec;
   options.backend = backend;
@@ -259,7 +86,7 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
     EXPECT(backend == PO_BACKEND_CPU || rig->toys[d].streams_seen != 0);
   }
   if (backend == PO_BACKEND_CPU) {
-    Reference(p * v, m, expected);
+    ToyReference(p * v, m, expected);
     EXPECT(memcmp(expected->weight_grad, rig->results.weight_grad,
                   sizeof(expected->weight_grad)) == 0);
     EXPECT(memcmp(expected->input_grad, rig->results.input_grad,
@@ -276,11 +103,11 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
 }
 
 static void TestSchedules(void) {
-  const po_spec one_f_one_b = Spec("1f1b", "none", 2, 4, 1, 0);
-  const po_spec half = Spec("1f1b", "po-h", 4, 8, 1, 0);
-  const po_spec full = Spec("1f1b", "po-f", 4, 8, 1, 0);
-  const po_spec split = Spec("1f1b", "po-f", 2, 4, 1, 1);
-  const po_spec interleaved = Spec("group-interleaved", "po-f", 2, 4, 2, 0);
+  const po_spec one_f_one_b = ToySpec("1f1b", "none", 2, 4, 1, 0);
+  const po_spec half = ToySpec("1f1b", "po-h", 4, 8, 1, 0);
+  const po_spec full = ToySpec("1f1b", "po-f", 4, 8, 1, 0);
+  const po_spec split = ToySpec("1f1b", "po-f", 2, 4, 1, 1);
+  const po_spec interleaved = ToySpec("group-interleaved", "po-f", 2, 4, 2, 0);
   EXPECT(CheckRun(&one_f_one_b, PO_BACKEND_CPU) == 0);
   EXPECT(CheckRun(&half, PO_BACKEND_CPU) > 0);
   EXPECT(CheckRun(&full, PO_BACKEND_CPU) > CheckRun(&half, PO_BACKEND_CPU));
@@ -292,12 +119,12 @@ static void TestSchedules(void) {
  * `message`; expects the run to fail with `expected_code` and exactly `expected`. */
 static void CheckFailure(int32_t kind, po_status code, const char* message,
                          po_status expected_code, const char* expected) {
-  const po_spec spec = Spec("1f1b", "none", 2, 4, 1, 0);
+  const po_spec spec = ToySpec("1f1b", "none", 2, 4, 1, 0);
   Rig* rig = (Rig*)malloc(sizeof(Rig));
   po_pipeline_options options;
   po_pipeline* pipeline = NULL;
   po_iteration_stats stats;
-  InitRig(rig, 2, 1, 0);
+  InitRig(rig, 2, 1, 0, PO_BACKEND_CPU);
   rig->toys[1].fail_kind = kind;
   rig->toys[1].fail_mb = 1;
   rig->toys[1].fail_code = code;
@@ -328,7 +155,7 @@ static po_status RefuseIteration(void* user, int32_t iteration, po_callback_erro
 }
 
 static void TestCallbackFailures(void) {
-  const po_spec spec = Spec("1f1b", "none", 2, 4, 1, 0);
+  const po_spec spec = ToySpec("1f1b", "none", 2, 4, 1, 0);
   Rig rig;
   po_pipeline_options options;
   po_pipeline* pipeline = NULL;
@@ -344,7 +171,7 @@ static void TestCallbackFailures(void) {
                "po_pipeline_run: iteration 0: stage 1, F1.0: forward callback: odd (status "
                "1234, not a po_status)");
   /* on_iteration's error fails the run after iteration 0, whose stats stay readable. */
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   po_pipeline_options_init(&options);
   options.spec = &spec;
   EXPECT_OK(po_pipeline_open(rig.callbacks, 2, &options, &pipeline));
@@ -369,13 +196,13 @@ static void ExpectOpenError(Rig* rig, int32_t p, const po_pipeline_options* opti
   ExpectOpenError((rig), (p), (options), (code), (message), __LINE__)
 
 static void TestBadOptions(void) {
-  const po_spec spec = Spec("1f1b", "none", 2, 4, 1, 0);
-  const po_spec split = Spec("1f1b", "none", 2, 4, 1, 1);
+  const po_spec spec = ToySpec("1f1b", "none", 2, 4, 1, 0);
+  const po_spec split = ToySpec("1f1b", "none", 2, 4, 1, 1);
   Rig rig;
   po_pipeline_options options;
   po_pipeline* pipeline = NULL;
   po_schedule* schedule = NULL;
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   po_pipeline_options_init(&options);
   options.spec = &spec;
   EXPECT_ERROR(po_pipeline_open(NULL, 2, &options, &pipeline), PO_ERROR_INVALID_ARGUMENT,
@@ -409,34 +236,34 @@ static void TestBadOptions(void) {
                     "po_pipeline_open: stage 0: po_stage_callbacks.struct_size is 8, below the "
                     "56 bytes of its first release; call po_stage_callbacks_init (or set it to "
                     "sizeof)");
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[1].struct_size = 48;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[1].struct_size is 48 but [0]'s is "
                     "56; every table of the array has the caller's sizeof");
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[1].forward = NULL;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[1].forward is NULL");
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[0].saved_bytes = NULL;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[0].saved_bytes is NULL");
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[1].boundary_bytes = 4;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[1].boundary_bytes is 4 but stage 0's "
                     "is 256; every stage passes activations of one size");
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[0].reserved = 1;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[0].reserved must be 0 (got 1)");
-  InitRig(&rig, 2, 1, 0);
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.toys[1].saved_bytes_answer = -4;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: stage 1: saved_bytes callback returned -4 for chunk 0 "
                     "(split_backward 0); a stash entry must be > 0 bytes");
-  InitRig(&rig, 2, 1, 0); /* no backward_weight, but the schedule splits W */
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU); /* no backward_weight, but the schedule splits W */
   options.spec = &split;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[0].backward_weight is NULL, but the "
@@ -449,7 +276,7 @@ static void TestBadOptions(void) {
   /* A schedule handle of another stage count; then the right one opens. */
   schedule = NULL;
   {
-    po_spec four = Spec("1f1b", "none", 4, 4, 1, 0);
+    po_spec four = ToySpec("1f1b", "none", 4, 4, 1, 0);
     EXPECT_OK(po_schedule_compile(&four, NULL, &schedule));
   }
   options.spec = NULL;
@@ -483,12 +310,12 @@ static void TestBadOptions(void) {
 /* PO_BACKEND_CUDA: the callbacks compute nothing (C has no kernels here); the run still moves
  * every stash entry through device memory, pinned host memory and back. */
 static int RunCuda(void) {
-  const po_spec spec = Spec("1f1b", "po-f", 4, 8, 1, 0);
+  const po_spec spec = ToySpec("1f1b", "po-f", 4, 8, 1, 0);
   Rig rig;
   po_pipeline_options options;
   po_pipeline* pipeline = NULL;
   po_status status;
-  InitRig(&rig, 4, 1, 0);
+  InitRig(&rig, 4, 1, 0, PO_BACKEND_CUDA);
   po_pipeline_options_init(&options);
   options.spec = &spec;
   options.backend = PO_BACKEND_CUDA;
