@@ -25,6 +25,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 # The C and C++ runtime every machine has: never packed (a copy could clash with its loader).
 system_library='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so'
+# What the GPU machine has its own of: never packed either. Its Open MPI must match its mpirun
+# (a copy of Debian's libmpi would talk to another runtime), and NCCL and CUDA are installed
+# there.
+device_library='^(libmpi|libopen-(rte|pal)|libpmix|libhwloc|libevent|libz|libudev|libnccl|libcud|libcublas)'
 
 # pack_library BUILD_DIR LIB_DIR NAME: NAME is a CMake target (its file from lib<NAME>.so in the
 # build, or po_c_api -> libpipeoffload_c.so) or a file name; copies it (stripped, under its
@@ -49,7 +53,7 @@ pack_library() {
     [[ "$link" == "$(basename "$real")" ]] || cp "$lib_dir/$(basename "$real")" "$lib_dir/$link"
   done
   ldd "$real" | awk '/=> \// {print $1, $3}' | while read -r dep path; do
-    [[ "$dep" =~ $system_library ]] && continue
+    [[ "$dep" =~ $system_library || "$dep" =~ $device_library ]] && continue
     cp -L "$path" "$lib_dir/$dep"
   done
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# binaries: c_api_stage_test
+# binaries: c_api_stage_test c_api_rank_test
 # libraries: po_c_api
 # seconds: 90
 # Issue 14, C ABI: po_pipeline on the CUDA backend (a build with -DPO_WITH_CUDA=ON). First the CPU
@@ -7,7 +7,8 @@
 # callbacks that compute nothing (C has no kernels here) but check their buffers and get a
 # nonzero stream; every stash entry still goes D2H and back, and the measured stash peaks and
 # offloaded bytes must equal the predictions. rc=77 means skipped (the message says why: a
-# library without CUDA, or no GPU). Then the same from Python (LocalPipeline, backend="cuda").
+# library without CUDA, or no GPU). Then the same from Python (LocalPipeline, backend="cuda"),
+# and po_stage over NCCL under mpirun (c_api_rank_test --nccl).
 set -u
 export PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=$PWD/python
 export PIPEOFFLOAD_LIBRARY=$BUILD/lib/libpipeoffload_c.so
@@ -43,3 +44,7 @@ for d, stage in enumerate(stages):
 print("python cuda: OK")
 PY
 echo "python rc=${PIPESTATUS[0]}"
+# po_stage over NCCL (one rank per GPU; one rank on a one-GPU machine): open, run, the stash
+# peak and offloaded bytes against the predictions.
+timeout 60 mpirun -np 1 "$BUILD/tests/c_api/c_api_rank_test" --nccl 2>&1 | tee "$LOG/rank_nccl.log" | tail -3
+echo "rank nccl rc=${PIPESTATUS[0]}"
