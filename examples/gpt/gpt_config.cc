@@ -66,6 +66,22 @@ absl::Status ValidateGptConfig(const GptConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GptConfig.optimizer.weight_decay = ", opt.weight_decay, " must be finite and >= 0"));
   }
+  for (auto [field, steps] : {std::pair{"warmup_steps", opt.warmup_steps},
+                              std::pair{"decay_steps", opt.decay_steps}}) {
+    if (steps < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GptConfig.optimizer.", field, " = ", steps, " must be >= 0"));
+    }
+  }
+  if (!(opt.min_learning_rate >= 0.0f && opt.min_learning_rate <= opt.learning_rate)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptConfig.optimizer.min_learning_rate = ", opt.min_learning_rate,
+        " must be in [0, learning_rate = ", opt.learning_rate, "]"));
+  }
+  if (!(opt.clip_norm >= 0.0f && std::isfinite(opt.clip_norm))) {
+    return absl::InvalidArgumentError(absl::StrCat("GptConfig.optimizer.clip_norm = ",
+                                                   opt.clip_norm, " must be finite and >= 0"));
+  }
   return absl::OkStatus();
 }
 

@@ -22,6 +22,16 @@ struct AdamWConfig {
   float beta2 = 0.95f;  // GPT-2/3 practice for short runs
   float epsilon = 1e-8f;
   float weight_decay = 0.0f;  // applied to matrices only (embeddings, linear weights, head)
+  // The learning-rate schedule (LearningRateAt, optimizer_schedule.h): linear warm-up over the
+  // first warmup_steps updates, then cosine decay to min_learning_rate at update decay_steps
+  // (0: no decay, learning_rate after the warm-up). All zero (the default): a constant rate.
+  std::int64_t warmup_steps = 0;
+  std::int64_t decay_steps = 0;
+  float min_learning_rate = 0.0f;
+  // Global gradient-norm clipping: every gradient is multiplied by min(1, clip_norm / norm),
+  // norm the L2 norm over ALL parameters of the model (every stage), before the update.
+  // 0: off.
+  float clip_norm = 0.0f;
 };
 
 struct GptConfig {

@@ -144,6 +144,19 @@ void ParameterBlock::Allocate(std::uint64_t seed, int threads) {
 
 void ParameterBlock::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+void ParameterBlock::ScaleGrads(float scale) {
+  for (float& g : grads_) g *= scale;
+}
+
+std::vector<TensorSquareSum> ParameterBlock::GradSquareSums() const {
+  std::vector<TensorSquareSum> sums;
+  for (const ParamTensor& tensor : tensors_) {
+    if (tensor.mirror) continue;
+    sums.push_back({tensor.id, SquareSum(grads_.data() + tensor.offset, tensor.spec.numel())});
+  }
+  return sums;
+}
+
 void ParameterBlock::AdamWStep(const AdamWConfig& config, std::int64_t t) {
   PO_CHECK(t >= 1);
   // Bias corrections (Kingma & Ba 2015, Algorithm 1), in double once per step.

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "examples/gpt/gpt_config.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "lib/base/fnv1a.h"
 
 namespace pipeoffload::gpt {
@@ -105,7 +106,12 @@ class ParameterBlock {
   std::int64_t numel() const { return params_.size(); }
 
   void ZeroGrad();
-  // One AdamW step (t = 1, 2, ...) on every tensor from its accumulated gradient.
+  // Every gradient (mirrors too) times `scale`: global-norm clipping's coefficient.
+  void ScaleGrads(float scale);
+  // SquareSum of each non-mirror tensor's gradient (optimizer_schedule.h), in tensor order.
+  std::vector<TensorSquareSum> GradSquareSums() const;
+  // One AdamW step (t = 1, 2, ...) on every tensor from its accumulated gradient, at
+  // config.learning_rate (the caller applies the schedule: LearningRateAt).
   void AdamWStep(const AdamWConfig& config, std::int64_t t);
   // Hashes of the non-mirror tensors.
   std::vector<TensorHash> Hashes() const;

@@ -206,6 +206,7 @@ void GptStageModel::StartIteration(std::int64_t step) {
   for (auto& c : chunks_) c->params().ZeroGrad();
   std::fill(losses_.begin(), losses_.end(), std::numeric_limits<double>::quiet_NaN());
   peer_tied_grad_set_ = false;
+  gradients_finished_ = false;
 }
 
 bool GptStageModel::holds_loss() const { return chunks_.back()->is_last(); }
@@ -250,7 +251,8 @@ absl::Status GptStageModel::SetPeerTiedGradPart(const float* part, std::int64_t 
   return absl::OkStatus();
 }
 
-absl::Status GptStageModel::OptimizerStep() {
+absl::Status GptStageModel::FinishGradients() {
+  if (gradients_finished_) return absl::OkStatus();
   float* embedding_part = EmbeddingPartGrad();
   float* head_part = HeadPartGrad();
   if (embedding_part != nullptr || head_part != nullptr) {  // holds a copy of tied wte
@@ -267,9 +269,36 @@ absl::Status GptStageModel::OptimizerStep() {
     if (embedding_part != nullptr) std::copy(total.begin(), total.end(), embedding_part);
     if (head_part != nullptr) std::copy(total.begin(), total.end(), head_part);
   }
+  gradients_finished_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TensorSquareSum>> GptStageModel::GradSquareSums() {
+  PO_RETURN_IF_ERROR(FinishGradients());
+  std::vector<TensorSquareSum> sums;
+  for (const auto& c : chunks_) {
+    std::vector<TensorSquareSum> part = c->params().GradSquareSums();
+    sums.insert(sums.end(), part.begin(), part.end());
+  }
+  return sums;
+}
+
+absl::Status GptStageModel::OptimizerStep(float grad_scale) {
+  if (!std::isfinite(grad_scale) || !(grad_scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("OptimizerStep on stage ", stage_,
+                                                   ": grad_scale = ", grad_scale,
+                                                   " must be finite and > 0"));
+  }
+  PO_RETURN_IF_ERROR(FinishGradients());
   ++optimizer_steps_;
-  for (auto& c : chunks_) c->params().AdamWStep(config_.optimizer, optimizer_steps_);
+  AdamWConfig adamw = config_.optimizer;
+  adamw.learning_rate = LearningRateAt(config_.optimizer, optimizer_steps_);
+  for (auto& c : chunks_) {
+    if (grad_scale != 1.0f) c->params().ScaleGrads(grad_scale);
+    c->params().AdamWStep(adamw, optimizer_steps_);
+  }
   peer_tied_grad_set_ = false;
+  gradients_finished_ = false;
   return absl::OkStatus();
 }
 

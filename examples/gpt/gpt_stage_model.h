@@ -9,7 +9,10 @@
 //      that order is what makes gradients bitwise equal to the single-process reference).
 //   3. Tied embeddings across stages only (NeedsTiedGradExchange()): send TiedGradPart() to the
 //      peer stage (stage 0 <-> stage p-1) and SetPeerTiedGradPart() with what it sent.
-//   4. OptimizerStep(): AdamW on this stage's parameters.
+//   4. With global-norm clipping: GradSquareSums() on every stage, combined across the stages
+//      (CombineSquareSums, ClipScale: optimizer_schedule.h) into the step's scale.
+//   5. OptimizerStep(scale): gradients times scale, then AdamW on this stage's parameters at
+//      the schedule's rate (LearningRateAt).
 //
 // Tied embeddings: virtual stage 0 holds wte and virtual stage L-1 a mirror copy for the head;
 // each accumulates its own part of wte's gradient (embedding part, head part). The step's
@@ -74,9 +77,14 @@ class GptStageModel final : public StageModel {
   const float* TiedGradPart() const;
   // The peer's part. InvalidArgument when this stage needs none or `elements` != V * C.
   [[nodiscard]] absl::Status SetPeerTiedGradPart(const float* part, std::int64_t elements);
-  // AdamW on this stage's parameters (bias correction t = number of steps so far + 1).
-  // FailedPrecondition when a needed tied-gradient part was not set this iteration.
-  [[nodiscard]] absl::Status OptimizerStep();
+  // Each non-mirror tensor's gradient sum of squares, once the step's gradients are final
+  // (the tied parts summed). FailedPrecondition as OptimizerStep.
+  [[nodiscard]] absl::StatusOr<std::vector<TensorSquareSum>> GradSquareSums();
+  // Every gradient times `grad_scale` (clipping's coefficient; 1 leaves them alone), then
+  // AdamW on this stage's parameters at LearningRateAt(config.optimizer, t), bias correction
+  // t = number of steps so far + 1. FailedPrecondition when a needed tied-gradient part was
+  // not set this iteration; InvalidArgument for a grad_scale not finite and > 0.
+  [[nodiscard]] absl::Status OptimizerStep(float grad_scale = 1.0f);
 
   // --- Results --------------------------------------------------------------------------------
   // Whether this stage holds virtual stage L-1, whose Forward computes the loss.
@@ -109,6 +117,8 @@ class GptStageModel final : public StageModel {
   // L-1), or null. Const: the chunks are owned through pointers, the gradients are scratch-like.
   float* EmbeddingPartGrad() const;
   float* HeadPartGrad() const;
+  // Step 3's sum: both copies of tied wte get embedding part + head part, once per iteration.
+  absl::Status FinishGradients();
 
   GptConfig config_;
   int num_stages_;
@@ -124,6 +134,7 @@ class GptStageModel final : public StageModel {
   std::vector<std::int32_t> targets_;  // (B,T)
   std::vector<float> peer_tied_grad_;  // (V,C)
   bool peer_tied_grad_set_ = false;
+  bool gradients_finished_ = false;  // FinishGradients ran this iteration
 };
 
 }  // namespace pipeoffload::gpt

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "examples/gpt/gpt_params.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "lib/base/status_macros.h"
 
 namespace pipeoffload::gpt {
@@ -34,7 +35,16 @@ absl::StatusOr<std::vector<double>> ReferenceTrainer::AccumulateGradients(std::i
 
 absl::StatusOr<std::vector<double>> ReferenceTrainer::TrainStep() {
   PO_ASSIGN_OR_RETURN(std::vector<double> losses, AccumulateGradients(steps_done_));
-  PO_RETURN_IF_ERROR(model_->OptimizerStep());
+  float scale = 1.0f;
+  const float clip_norm = model_->config().optimizer.clip_norm;
+  if (clip_norm > 0.0f) {
+    PO_ASSIGN_OR_RETURN(std::vector<TensorSquareSum> sums, model_->GradSquareSums());
+    PO_ASSIGN_OR_RETURN(const GlobalClip clip,
+                        ClipGlobalNorm(std::move(sums), model_->num_tensors(), clip_norm));
+    last_grad_norm_ = clip.norm;
+    scale = clip.scale;
+  }
+  PO_RETURN_IF_ERROR(model_->OptimizerStep(scale));
   ++steps_done_;
   return losses;
 }

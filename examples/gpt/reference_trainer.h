@@ -7,6 +7,7 @@
 #define PIPEOFFLOAD_EXAMPLES_GPT_REFERENCE_TRAINER_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -27,8 +28,13 @@ class ReferenceTrainer {
   // StartIteration(step) and F, B of microbatches 0..m-1: leaves the step's gradients
   // accumulated in the model (for tests that compare gradients). Returns the m losses.
   [[nodiscard]] absl::StatusOr<std::vector<double>> AccumulateGradients(std::int64_t step);
-  // AccumulateGradients(steps_done()) then OptimizerStep(). Returns the m losses.
+  // AccumulateGradients(steps_done()), then (clip_norm > 0) the global gradient norm and its
+  // clipping scale, then OptimizerStep(scale). Returns the m losses.
+  // Errors besides the model's: DataLoss for a non-finite norm with clipping on.
   [[nodiscard]] absl::StatusOr<std::vector<double>> TrainStep();
+  // The last TrainStep's global gradient norm before clipping; NaN without clipping (not
+  // computed) or before the first step.
+  double last_grad_norm() const { return last_grad_norm_; }
 
   // The model checksum (CombineTensorHashes over every parameter tensor).
   [[nodiscard]] absl::StatusOr<std::uint64_t> Checksum() const;
@@ -43,6 +49,7 @@ class ReferenceTrainer {
   std::unique_ptr<GptStageModel> model_;
   std::vector<float> saved_;  // one stash entry, reused by every microbatch
   std::int64_t steps_done_ = 0;
+  double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace pipeoffload::gpt

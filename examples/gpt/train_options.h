@@ -36,6 +36,13 @@ enum class TrainOptimizerOffload : std::uint8_t {
   kStatic,       // "static": a share of subgroups keeps its state on the GPU for good
 };
 
+// gpt_train's default global gradient-norm clip (GPT-2/3 and llm.c practice).
+inline constexpr float kDefaultClipNorm = 1.0f;
+// The default --warmup-steps: min(100, steps). A fixed length, not a share of the run: what
+// the warm-up must outlast is the first updates' coherent jump (--help), whatever the run's
+// length, so a run of fewer steps is warm-up throughout.
+std::int64_t DefaultWarmupSteps(std::int64_t steps);
+
 struct TrainOptions {
   GptConfig config;          // model shape, m (--microbatches), seed, tied head, AdamW
   std::int64_t steps = 500;  // about a minute on 2 cores with 4 ranks
@@ -83,6 +90,15 @@ struct TrainOptions {
   bool gpu_share_given = false;
   bool subgroup_given = false;
   bool costs_given = false;
+  bool warmup_given = false;
+  bool lr_min_given = false;
+
+  // The learning-rate schedule: --warmup-steps (config.optimizer.warmup_steps; default
+  // DefaultWarmupSteps(steps)), --lr-decay cosine (true, default: to --lr-min at the last
+  // step) or none, --lr-min (default lr / 10). ParseTrainOptions resolves them into
+  // config.optimizer; --clip-norm sets config.optimizer.clip_norm (default kDefaultClipNorm).
+  bool lr_decay = true;
+  bool lr_decay_given = false;
 
   bool help = false;  // --help: print TrainHelpText() and exit 0
 };

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -154,6 +155,28 @@ void Accumulate(const IterationStats& stats, std::int64_t step, std::int64_t ste
   }
 }
 
+// The step's global gradient norm and clipping scale: every stage's per-tensor sums of squares
+// gathered (with each rank's status, so a failure on one is an error on all) and combined in
+// tensor-id order, the same bits on every rank. Without clipping (clip_norm 0): no gather, norm
+// NaN (not computed), scale 1.
+absl::StatusOr<GlobalClip> StepClip(float clip_norm, TrainStage& train, RankGroup& group,
+                                    std::int64_t step) {
+  if (clip_norm <= 0.0f) return GlobalClip{std::numeric_limits<double>::quiet_NaN(), 1.0f};
+  absl::StatusOr<std::vector<TensorSquareSum>> mine = train.GradSquareSums();
+  PO_ASSIGN_OR_RETURN(const std::vector<std::string> gathered,
+                      Gather(group, mine.status(), mine.ok() ? EncodeSquareSums(*mine) : "",
+                             absl::StrCat("step ", step, " (gradient norm)")));
+  std::vector<TensorSquareSum> sums;
+  for (const std::string& bytes : gathered) {
+    std::vector<TensorSquareSum> theirs;
+    PO_RETURN_IF_ERROR(DecodeSquareSums(bytes, &theirs));
+    sums.insert(sums.end(), theirs.begin(), theirs.end());
+  }
+  absl::StatusOr<GlobalClip> clip = ClipGlobalNorm(std::move(sums), train.num_tensors(), clip_norm);
+  if (!clip.ok()) return Annotate(clip.status(), absl::StrCat("step ", step));
+  return clip;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
@@ -273,7 +296,10 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     if (absl::Status tied = stage.train->ExchangeTiedGrad(group); !tied.ok()) {
       FailUncoordinated(group, Annotate(tied, absl::StrCat("step ", step, ": tied gradient")));
     }
-    if (absl::Status stepped = stage.train->OptimizerStep(); !stepped.ok()) {
+    PO_ASSIGN_OR_RETURN(const GlobalClip clip, StepClip(stage.config.optimizer.clip_norm,
+                                                        *stage.train, group, step));
+    result.grad_norms.push_back(clip.norm);
+    if (absl::Status stepped = stage.train->OptimizerStep(clip.scale); !stepped.ok()) {
       FailUncoordinated(group, Annotate(stepped, absl::StrCat("step ", step, ": optimizer")));
     }
     if (step > 0 || options.steps == 1) {
@@ -283,7 +309,8 @@ absl::StatusOr<TrainResult> RunPipelineRank(const TrainOptions& options,
     result.losses.push_back(MeanLoss(losses));
     result.step_seconds.push_back(Now() - start);
     if (print != nullptr) {
-      PrintStep(print, step, result.losses.back(), result.step_seconds.back(), flops_per_gpu);
+      PrintStep(print, step, result.losses.back(), result.step_seconds.back(), flops_per_gpu,
+                LearningRateAt(stage.config.optimizer, step + 1), clip.norm);
     }
   }
 

@@ -60,6 +60,7 @@ struct TrainResult {
   std::optional<Schedule> schedule;  // pipeline runs: what ran, with its predictions
   std::vector<double> losses;        // per step: mean over microbatches (in mb order)
   std::vector<double> step_seconds;  // per step: this rank's wall time
+  std::vector<double> grad_norms;    // per step: global gradient norm (NaN: clipping off)
   std::vector<StageSummary> stages;  // pipeline runs: every stage, in stage order
   std::uint64_t checksum = 0;        // CombineTensorHashes of every parameter tensor
   bool peaks_match = true;           // measured stash peak == predicted on every stage

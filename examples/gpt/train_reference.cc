@@ -4,6 +4,7 @@
 #include <chrono>
 #include <utility>
 
+#include "examples/gpt/optimizer_schedule.h"
 #include "examples/gpt/reference_trainer.h"
 #include "examples/gpt/train_pipeline.h"
 #include "examples/gpt/train_report.h"
@@ -27,7 +28,11 @@ absl::StatusOr<TrainResult> RunReference(const TrainOptions& options,
     result.losses.push_back(MeanLoss(losses));
     result.step_seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (out != nullptr) PrintStep(out, step, result.losses.back(), result.step_seconds.back());
+    result.grad_norms.push_back(trainer->last_grad_norm());
+    if (out != nullptr) {
+      PrintStep(out, step, result.losses.back(), result.step_seconds.back(), /*flops_per_gpu=*/0,
+                LearningRateAt(options.config.optimizer, step + 1), result.grad_norms.back());
+    }
   }
   PO_ASSIGN_OR_RETURN(result.checksum, trainer->Checksum());
   if (out != nullptr) {

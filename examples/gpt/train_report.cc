@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "pipeoffload/trace.h"
 
 namespace pipeoffload::gpt {
@@ -25,10 +27,18 @@ void PrintDataAndModel(std::FILE* out, const GptData& data, const GptConfig& c) 
       data.name().c_str(), data.size(), data.UnigramEntropyNats(), data.UnigramEntropyBits());
   std::fprintf(out,
                "model: %d layers, C %d, %d heads, T %d, V %d, %s head; B %d x m %d per step, "
-               "seed %" PRIu64 ", AdamW lr %g\n",
+               "seed %" PRIu64 "\n",
                c.n_layer, c.n_embd, c.n_head, c.seq_len, c.vocab_size,
-               c.tied_embeddings ? "tied" : "untied", c.batch_size, c.num_microbatches, c.seed,
-               static_cast<double>(c.optimizer.learning_rate));
+               c.tied_embeddings ? "tied" : "untied", c.batch_size, c.num_microbatches, c.seed);
+  const AdamWConfig& o = c.optimizer;
+  std::string clip = o.clip_norm > 0.0f
+                         ? absl::StrCat("global gradient norm clipped to ", o.clip_norm)
+                         : std::string("no gradient clipping");
+  std::fprintf(out,
+               "optimizer: AdamW beta1 %g beta2 %g eps %g weight decay %g; lr %s; %s\n",
+               static_cast<double>(o.beta1), static_cast<double>(o.beta2),
+               static_cast<double>(o.epsilon), static_cast<double>(o.weight_decay),
+               DescribeLearningRate(o).c_str(), clip.c_str());
 }
 
 void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name,
@@ -72,13 +82,14 @@ void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& tran
 }
 
 void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds,
-               double flops_per_gpu) {
+               double flops_per_gpu, double learning_rate, double grad_norm) {
+  std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s", step, loss, seconds);
   if (flops_per_gpu > 0 && seconds > 0) {
-    std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s, model %.1f TFLOP/s per GPU\n", step,
-                 loss, seconds, flops_per_gpu / seconds / 1e12);
-  } else {
-    std::fprintf(out, "step %" PRId64 " loss %.9g time %.3f s\n", step, loss, seconds);
+    std::fprintf(out, ", model %.1f TFLOP/s per GPU", flops_per_gpu / seconds / 1e12);
   }
+  if (learning_rate >= 0) std::fprintf(out, ", lr %.4g", learning_rate);
+  if (std::isfinite(grad_norm)) std::fprintf(out, ", grad norm %.4g", grad_norm);
+  std::fprintf(out, "\n");
   std::fflush(out);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,11 @@ void PrintDataAndModel(std::FILE* out, const GptData& data, const GptConfig& con
 void PrintPlan(std::FILE* out, const Schedule& schedule, const std::string& transport_name,
                bool seconds);
 // "step N loss %.9g time %.3f s", then ", model %.1f TFLOP/s per GPU" when flops_per_gpu > 0
-// (the model FLOP of one step that each GPU carries).
+// (the model FLOP of one step that each GPU carries), ", lr %.4g" when learning_rate >= 0 (the
+// step's rate) and ", grad norm %.4g" when grad_norm is finite (computed: clipping on).
 void PrintStep(std::FILE* out, std::int64_t step, double loss, double seconds,
-               double flops_per_gpu = 0.0);
+               double flops_per_gpu = 0.0, double learning_rate = -1.0,
+               double grad_norm = std::numeric_limits<double>::quiet_NaN());
 // One "stage d: ..." line per stage (stash peak measured vs predicted, P2P and other arena
 // peaks, host pool, offloaded bytes, budget, model state), a "stage d runs on: ..." line per
 // stage that has a description (where its model and optimizer state live, optimizer time), the

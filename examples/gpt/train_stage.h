@@ -8,7 +8,9 @@
 //
 // Per step the driver calls: StartIteration(s); PipelineStage::Run (which returns once the
 // step's device work has finished); Losses (on the stage that holds them); after every rank's
-// step succeeded, ExchangeTiedGrad and OptimizerStep. With --costs measured, StartIteration(0)
+// step succeeded, ExchangeTiedGrad, then (global-norm clipping on) GradSquareSums, whose
+// results every rank gathers and combines into the step's gradient scale, and
+// OptimizerStep(scale). With --costs measured, StartIteration(0)
 // also comes before PipelineStage::Open, which runs the chunks to time them.
 // At the end: ParameterHashes, ModelStateBytes, Describe.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_STAGE_H_
@@ -25,6 +27,7 @@
 #include "examples/gpt/gpt_config.h"
 #include "examples/gpt/gpt_data.h"
 #include "examples/gpt/gpt_params.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_options.h"
 #include "pipeoffload/backend.h"
@@ -50,8 +53,14 @@ class TrainStage {
   // The tied embedding's gradient between stages 0 and p-1 over `group`, when this stage needs
   // it (CPU only: the CUDA GPT refuses tied embeddings at creation). OK when there is none.
   [[nodiscard]] virtual absl::Status ExchangeTiedGrad(RankGroup& group) = 0;
-  // One AdamW step over this stage's parameters (on the GPU, or in an optimizer-offload engine).
-  [[nodiscard]] virtual absl::Status OptimizerStep() = 0;
+  // Each of this stage's tensors' gradient sum of squares (mirrors excluded), the step's
+  // gradients final (after ExchangeTiedGrad): what CombineSquareSums (optimizer_schedule.h)
+  // turns into the global norm, the same bits for any stage cut on the CPU.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<TensorSquareSum>> GradSquareSums() = 0;
+  // One AdamW step over this stage's parameters (on the GPU, or in an optimizer-offload engine)
+  // with every gradient times `grad_scale` (clipping's coefficient, 1 without clipping), at
+  // the schedule's rate (LearningRateAt).
+  [[nodiscard]] virtual absl::Status OptimizerStep(float grad_scale) = 0;
   // Seconds the last OptimizerStep took on this thread (the update, including any transfers).
   virtual double last_optimizer_seconds() const = 0;
 

@@ -44,9 +44,13 @@ class CpuTrainStage final : public TrainStage {
     return model_->SetPeerTiedGradPart(part.data(), n);
   }
 
-  absl::Status OptimizerStep() override {
+  absl::StatusOr<std::vector<TensorSquareSum>> GradSquareSums() override {
+    return model_->GradSquareSums();
+  }
+
+  absl::Status OptimizerStep(float grad_scale) override {
     const double start = backend_->NowSeconds();
-    absl::Status status = model_->OptimizerStep();
+    absl::Status status = model_->OptimizerStep(grad_scale);
     last_optimizer_seconds_ = backend_->NowSeconds() - start;
     return status;
   }

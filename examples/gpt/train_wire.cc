@@ -68,4 +68,16 @@ absl::Status DecodeHashes(std::string_view bytes, std::vector<TensorHash>* hashe
   return r.Finish("parameter hashes");
 }
 
+std::string EncodeSquareSums(const std::vector<TensorSquareSum>& sums) {
+  ByteWriter w;
+  w.PutVector(sums);
+  return w.Take();
+}
+
+absl::Status DecodeSquareSums(std::string_view bytes, std::vector<TensorSquareSum>* sums) {
+  ByteReader r(bytes);
+  r.GetVector(sums);
+  return r.Finish("gradient sums of squares");
+}
+
 }  // namespace pipeoffload::gpt

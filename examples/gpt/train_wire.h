@@ -1,5 +1,5 @@
 // What gpt_train's ranks tell each other over their RankGroup, as bytes (lib/base/byte_wire.h):
-// a step's losses and measured stats, parameter hashes.
+// a step's losses and measured stats, gradient sums of squares, parameter hashes.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_WIRE_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_TRAIN_WIRE_H_
 
@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "examples/gpt/gpt_params.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "lib/base/byte_wire.h"
 #include "pipeoffload/runtime.h"
 
@@ -34,6 +35,11 @@ std::string EncodeStepReport(const StepReport& report, bool with_timeline);
 std::string EncodeHashes(const std::vector<TensorHash>& hashes, std::int64_t model_state_bytes);
 [[nodiscard]] absl::Status DecodeHashes(std::string_view bytes, std::vector<TensorHash>* hashes,
                                         std::int64_t* model_state_bytes);
+
+// A rank's per-tensor gradient sums of squares (global-norm clipping).
+std::string EncodeSquareSums(const std::vector<TensorSquareSum>& sums);
+[[nodiscard]] absl::Status DecodeSquareSums(std::string_view bytes,
+                                            std::vector<TensorSquareSum>* sums);
 
 }  // namespace pipeoffload::gpt
 

@@ -2,7 +2,8 @@
 // would (p stages x v chunks, boundary activations and gradients passed by hand, every stash
 // entry moved to a new address with the old one poisoned, B and W of each chunk in microbatch
 // order) gives losses, gradients, parameters and checksums bitwise equal (memcmp) to the
-// single-process reference, with split and unsplit backward, tied and untied heads.
+// single-process reference, with split and unsplit backward, tied and untied heads, with and
+// without the learning-rate schedule and global-norm clipping (norm combined across stages).
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "examples/gpt/gpt_stage_model.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "examples/gpt/reference_trainer.h"
 #include "tests/gpt/test_models.h"
 #include "tests/testing/catch.h"
@@ -109,8 +111,26 @@ void RunIteration(Pipeline& pipe, std::int64_t step, bool split) {
   }
 }
 
-// The stages' tied-gradient exchange (stage 0 <-> stage p-1), then every stage's AdamW step.
-void StepOptimizers(Pipeline& pipe) {
+// The global-norm clipping scale of a set of stages (every stage's per-tensor sums, combined
+// in id order), 1 with clipping off. Records the norm in `norm`.
+float ClipScaleOf(const std::vector<GptStageModel*>& stages, double* norm) {
+  const float clip_norm = stages.front()->config().optimizer.clip_norm;
+  if (clip_norm <= 0.0f) return 1.0f;
+  std::vector<TensorSquareSum> sums;
+  for (GptStageModel* stage : stages) {
+    auto part = stage->GradSquareSums();
+    REQUIRE(part.ok());
+    sums.insert(sums.end(), part->begin(), part->end());
+  }
+  auto clip = ClipGlobalNorm(sums, stages.front()->num_tensors(), clip_norm);
+  REQUIRE(clip.ok());
+  *norm = clip->norm;
+  return clip->scale;
+}
+
+// The stages' tied-gradient exchange (stage 0 <-> stage p-1), the global gradient norm, then
+// every stage's AdamW step with its clipping scale. Returns the norm (NaN with clipping off).
+double StepOptimizers(Pipeline& pipe) {
   GptStageModel& first = *pipe.stages.front();
   GptStageModel& last = *pipe.stages.back();
   if (first.NeedsTiedGradExchange()) {
@@ -120,7 +140,12 @@ void StepOptimizers(Pipeline& pipe) {
     REQUIRE(first.SetPeerTiedGradPart(last.TiedGradPart(), last.TiedGradElements()).ok());
     REQUIRE(last.SetPeerTiedGradPart(from_first.data(), first.TiedGradElements()).ok());
   }
-  for (auto& stage : pipe.stages) REQUIRE(stage->OptimizerStep().ok());
+  std::vector<GptStageModel*> stages;
+  for (auto& stage : pipe.stages) stages.push_back(stage.get());
+  double norm = std::numeric_limits<double>::quiet_NaN();
+  const float scale = ClipScaleOf(stages, &norm);
+  for (auto& stage : pipe.stages) REQUIRE(stage->OptimizerStep(scale).ok());
+  return norm;
 }
 
 // Every tensor (mirrors included) of a set of models, keyed by (global id, mirror).
@@ -175,9 +200,17 @@ TEST_CASE("pipeline-order chunks are bitwise equal to the single-process referen
       GENERATE(Shape{2, 2, 4}, Shape{3, 1, 5}, Shape{1, 3, 3}, Shape{4, 2, 9}, Shape{4, 2, 3});
   const bool split = GENERATE(false, true);
   const bool tied = GENERATE(false, true);
-  CAPTURE(shape.p, shape.v, shape.n_layer, split, tied);
+  // With a warm-up, cosine decay within the 3 steps and a clip that every step triggers.
+  const bool scheduled = GENERATE(false, true);
+  CAPTURE(shape.p, shape.v, shape.n_layer, split, tied, scheduled);
 
-  const GptConfig config = testing::PipelineConfig(shape.n_layer, tied);
+  GptConfig config = testing::PipelineConfig(shape.n_layer, tied);
+  if (scheduled) {
+    config.optimizer.warmup_steps = 1;
+    config.optimizer.decay_steps = 3;
+    config.optimizer.min_learning_rate = config.optimizer.learning_rate / 10;
+    config.optimizer.clip_norm = 0.05f;
+  }
   auto data = std::make_shared<const GptData>(GptData::Synthetic());
   auto reference_or = ReferenceTrainer::Create(config, data);
   REQUIRE(reference_or.ok());
@@ -202,8 +235,15 @@ TEST_CASE("pipeline-order chunks are bitwise equal to the single-process referen
     for (double loss : last.losses()) CHECK(std::isfinite(loss));
     RequireBitwiseEqual(stages, reference, /*grads=*/true);
 
-    StepOptimizers(pipe);
-    REQUIRE(reference.OptimizerStep().ok());
+    const double norm = StepOptimizers(pipe);
+    double want_norm = std::numeric_limits<double>::quiet_NaN();
+    const float scale = ClipScaleOf({&reference}, &want_norm);
+    REQUIRE(reference.OptimizerStep(scale).ok());
+    if (scheduled) {
+      CHECK(std::memcmp(&norm, &want_norm, sizeof(norm)) == 0);
+      CHECK(norm > config.optimizer.clip_norm);  // the clip took effect
+      CHECK(scale < 1.0f);
+    }
     RequireBitwiseEqual(stages, reference, /*grads=*/false);
 
     std::vector<TensorHash> hashes;

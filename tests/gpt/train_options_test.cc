@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "examples/gpt/optimizer_schedule.h"
 #include "examples/gpt/train_stage.h"
 #include "tests/testing/catch.h"
 
@@ -254,6 +255,15 @@ TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "
       {{"--backend", "cuda", "--saved", "half"}, "--saved expects full or lean, got 'half'"},
       {{"--saved", "lean"}, "--saved lean needs --backend cuda"},
       {{"--p2p-reserve", "all"}, "--p2p-reserve expects plan or worst, got 'all'"},
+      {{"--warmup-steps", "-1"}, "--warmup-steps expects an integer in [0,"},
+      {{"--lr-decay", "linear"}, "--lr-decay expects cosine or none, got 'linear'"},
+      {{"--lr-min", "0.01"}, "--lr-min 0.01 is above --lr 0.003"},
+      {{"--lr-decay", "none", "--lr-min", "1e-4"}, "--lr-min applies to --lr-decay cosine only"},
+      {{"--clip-norm", "-1"}, "--clip-norm expects a number in [0,"},
+      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--warmup-steps", "10"},
+       "need a per-step learning rate, which the optimizer-offload engine does not take"},
+      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--lr-min", "1e-5"},
+       "need a per-step learning rate"},
   };
   for (const Case& c : cases) {
     const absl::StatusOr<TrainOptions> parsed = Parse(c.args);
@@ -319,6 +329,57 @@ TEST_CASE("--backend and the optimizer-offload flags land in the options", "[tra
   const std::string help = TrainHelpText();
   for (const char* flag : {"--optimizer-offload MODE", "--gpu-share R", "--optimizer-subgroup N",
                            "--backend NAME", "--memory-budget BYTES", "--saved LAYOUT"}) {
+    CAPTURE(flag);
+    CHECK(help.find(flag) != std::string::npos);
+  }
+}
+
+TEST_CASE("the learning-rate schedule and clipping flags: defaults and overrides",
+          "[train][options]") {
+  // Defaults: warm-up min(100, steps), cosine to lr / 10 at the last step, clip at 1.
+  absl::StatusOr<TrainOptions> o = Parse({"--steps", "500", "--lr", "3e-4"});
+  REQUIRE(o.ok());
+  const AdamWConfig* adamw = &o->config.optimizer;
+  CHECK(adamw->warmup_steps == 100);
+  CHECK(adamw->decay_steps == 500);
+  CHECK(adamw->min_learning_rate == 3e-4f / 10.0f);
+  CHECK(adamw->clip_norm == kDefaultClipNorm);
+  o = Parse({"--steps", "12"});
+  REQUIRE(o.ok());
+  CHECK(o->config.optimizer.warmup_steps == 12);  // a short run is all warm-up
+  CHECK(DefaultWarmupSteps(7) == 7);
+  CHECK(DefaultWarmupSteps(1000) == 100);
+
+  o = Parse({"--steps", "50", "--warmup-steps", "5", "--lr-min", "1e-4", "--clip-norm", "0.5"});
+  REQUIRE(o.ok());
+  adamw = &o->config.optimizer;
+  CHECK(adamw->warmup_steps == 5);
+  CHECK(adamw->decay_steps == 50);
+  CHECK(adamw->min_learning_rate == 1e-4f);
+  CHECK(adamw->clip_norm == 0.5f);
+  o = Parse({"--warmup-steps", "0", "--lr-decay", "none", "--clip-norm", "0"});
+  REQUIRE(o.ok());
+  adamw = &o->config.optimizer;
+  CHECK(adamw->warmup_steps == 0);
+  CHECK(adamw->decay_steps == 0);
+  CHECK(adamw->min_learning_rate == 0.0f);
+  CHECK(adamw->clip_norm == 0.0f);
+  CHECK(LearningRateAt(*adamw, 1) == adamw->learning_rate);
+
+  // Optimizer offload: the engine's rate is fixed, so the defaults become a constant rate;
+  // clipping stays.
+  o = Parse({"--backend", "cuda", "--optimizer-offload", "interleaved", "--steps", "200"});
+  REQUIRE(o.ok());
+  adamw = &o->config.optimizer;
+  CHECK(adamw->warmup_steps == 0);
+  CHECK(adamw->decay_steps == 0);
+  CHECK(adamw->clip_norm == kDefaultClipNorm);
+  o = Parse({"--backend", "cuda", "--optimizer-offload", "cpu", "--warmup-steps", "0",
+             "--lr-decay", "none"});
+  CHECK(o.ok());
+
+  const std::string help = TrainHelpText();
+  for (const char* flag : {"--warmup-steps N", "--lr-decay SHAPE", "--lr-min X", "--clip-norm X"}) {
     CAPTURE(flag);
     CHECK(help.find(flag) != std::string::npos);
   }

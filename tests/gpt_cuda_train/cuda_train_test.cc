@@ -27,6 +27,7 @@
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_options.h"
 #include "examples/gpt/train_pipeline.h"
+#include "tests/gpt_cuda_train/one_gpu_run.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload::gpt {
@@ -41,7 +42,9 @@ constexpr double kLossTolerance = 2e-3;
 TrainOptions Options(const std::string& offload) {
   std::istringstream flags(
       "--backend cuda --transport local --stages 2 --schedule po-f --chunks 1 --embd 128 "
-      "--layers 4 --seq 64 --batch 2 --microbatches 4 --steps 5 --watchdog 120");
+      "--layers 4 --seq 64 --batch 2 --microbatches 4 --steps 5 --watchdog 120 "
+      // A constant rate for every mode: the optimizer-offload engines take no schedule.
+      "--warmup-steps 0 --lr-decay none");
   std::vector<std::string> args{std::istream_iterator<std::string>(flags), {}};
   args.insert(args.end(), {"--optimizer-offload", offload});
   if (offload != "none") {
@@ -55,32 +58,7 @@ TrainOptions Options(const std::string& offload) {
 }
 
 TrainResult Train(const TrainOptions& options) {
-  auto data = std::make_shared<const GptData>(GptData::Synthetic());
-  absl::StatusOr<std::vector<std::unique_ptr<RankGroup>>> groups =
-      CreateLocalRankGroups(kStages, 3 * options.watchdog_seconds + 30);
-  REQUIRE(groups.ok());
-  absl::StatusOr<CudaLocalRig> rig = CreateCudaLocalRig(kStages, options.watchdog_seconds);
-  INFO(rig.status().ToString());
-  REQUIRE(rig.ok());
-  const TrainStageFactory factory = [&](const TrainOptions& o, const TrainStageSpec& spec) {
-    return CreateCudaTrainStage(o, spec, *rig->backends[static_cast<std::size_t>(spec.stage)],
-                                /*cpu_threads=*/0);
-  };
-  std::vector<absl::StatusOr<TrainResult>> ranks(kStages, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kStages; ++r) {
-    threads.emplace_back([&, r] {
-      const auto i = static_cast<std::size_t>(r);
-      ranks[i] = RunPipelineRank(options, data, *(*groups)[i], *rig->transports[i],
-                                 /*out=*/nullptr, factory);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (const auto& rank : ranks) {
-    INFO(rank.status().ToString());
-    REQUIRE(rank.ok());
-  }
-  const TrainResult& result = *ranks[0];
+  const TrainResult result = testing::TrainOnOneGpu(options, kStages);
   REQUIRE(result.losses.size() == static_cast<std::size_t>(kSteps));
   for (double loss : result.losses) CHECK(std::isfinite(loss));
   CHECK(result.peaks_match);

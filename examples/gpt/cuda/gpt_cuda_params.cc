@@ -1,6 +1,7 @@
 // Device parameters of a CUDA chunk (see gpt_cuda_params.h).
 #include "examples/gpt/cuda/gpt_cuda_params.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -57,6 +58,15 @@ absl::StatusOr<std::unique_ptr<DeviceParameters>> DeviceParameters::Create(
       cudaMemsetAsync(params->bf16_, 0, static_cast<std::size_t>(n * 2), stream));
   PO_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(params->grad_, 0, static_cast<std::size_t>(n * 4), stream));
+#ifdef PO_GPT_CUDA_HAVE_ADAM
+  std::int64_t partials = 1;
+  for (const DeviceTensor& tensor : tensors) {
+    partials = std::max(partials, SumOfSquaresPartialCount(tensor.spec.numel()));
+  }
+  PO_ASSIGN_OR_RETURN(params->square_sums_,
+                      memory.AllocateArray<double>(static_cast<std::int64_t>(tensors.size())));
+  PO_ASSIGN_OR_RETURN(params->square_partials_, memory.AllocateArray<double>(partials));
+#endif
   if (with_optimizer_state) {
     int device = 0;
     PO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
@@ -139,8 +149,33 @@ absl::Status DeviceParameters::ZeroGrads(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<TensorSquareSum>> DeviceParameters::GradSquareSums(
+    cudaStream_t stream) const {
+  std::vector<TensorSquareSum> sums;
+  if (tensors_.empty()) return sums;
+#ifdef PO_GPT_CUDA_HAVE_ADAM
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const DeviceTensor& tensor = tensors_[i];
+    // One stream: the partials are reused by the next tensor's launch only after this one's.
+    PO_RETURN_IF_ERROR(LaunchSumOfSquares(grad_ + tensor.offset, tensor.spec.numel(),
+                                          square_partials_, square_sums_ + i, SumMode::kOverwrite,
+                                          stream));
+  }
+  std::vector<double> host(tensors_.size());
+  PO_RETURN_IF_ERROR(CopyToHost(host.data(), square_sums_,
+                                static_cast<std::int64_t>(host.size() * sizeof(double)), stream));
+  for (std::size_t i = 0; i < tensors_.size(); ++i) sums.push_back({tensors_[i].id, host[i]});
+  return sums;
+#else
+  static_cast<void>(stream);
+  return absl::FailedPreconditionError(
+      "this build has no GPU sum of squares (po_optim_cuda was not found when po_gpt_cuda was "
+      "configured)");
+#endif
+}
+
 absl::Status DeviceParameters::AdamWStep(const AdamWConfig& config, std::int64_t t,
-                                         cudaStream_t stream) {
+                                         cudaStream_t stream, float grad_scale) {
   if (tensors_.empty()) return absl::OkStatus();
   if (master_ == nullptr) return NoStateError("AdamWStep");
 #ifdef PO_GPT_CUDA_HAVE_ADAM
@@ -151,9 +186,9 @@ absl::Status DeviceParameters::AdamWStep(const AdamWConfig& config, std::int64_t
   options.epsilon = config.epsilon;
   options.decoupled_weight_decay = true;
   options.weight_decay = config.weight_decay;
-  PO_ASSIGN_OR_RETURN(const AdamStepScalars decayed, MakeAdamStepScalars(options, t));
+  PO_ASSIGN_OR_RETURN(const AdamStepScalars decayed, MakeAdamStepScalars(options, t, grad_scale));
   options.weight_decay = 0.0f;
-  PO_ASSIGN_OR_RETURN(const AdamStepScalars plain, MakeAdamStepScalars(options, t));
+  PO_ASSIGN_OR_RETURN(const AdamStepScalars plain, MakeAdamStepScalars(options, t, grad_scale));
   for (const DeviceTensor& tensor : tensors_) {
     AdamSpan span;
     span.param = master_ + tensor.offset;
@@ -169,6 +204,7 @@ absl::Status DeviceParameters::AdamWStep(const AdamWConfig& config, std::int64_t
   static_cast<void>(config);
   static_cast<void>(t);
   static_cast<void>(stream);
+  static_cast<void>(grad_scale);
   return absl::FailedPreconditionError(
       "this build has no GPU Adam (po_optim_cuda was not found when po_gpt_cuda was configured)");
 #endif

@@ -74,8 +74,16 @@ class DeviceParameters {
   // whose spec says so. Errors: FailedPrecondition without optimizer state (naming why: never
   // allocated, or dropped) or when the build has no GPU Adam (po_optim_cuda); InvalidArgument
   // for bad hyper-parameters.
+  // Every gradient is multiplied by `grad_scale` as it is read (global-norm clipping's
+  // coefficient); the rate is config.learning_rate (the caller applies the schedule).
   [[nodiscard]] absl::Status AdamWStep(const AdamWConfig& config, std::int64_t t,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, float grad_scale = 1.0f);
+  // Each tensor's gradient sum of squares, sum over its elements of double(g)^2 on the GPU
+  // (LaunchSumOfSquares: deterministic, the same bits for the same gradients), in tensor
+  // order; waits for `stream`. Errors: FailedPrecondition when the build has no po_optim_cuda;
+  // the launches' and the wait's.
+  [[nodiscard]] absl::StatusOr<std::vector<TensorSquareSum>> GradSquareSums(
+      cudaStream_t stream) const;
 
   // Waits for `stream` (queued AdamW steps read the state), then frees the fp32 master, m and v
   // for good: from then on optimizer_state_bytes() is 0 and AdamWStep / DownloadMaster /
@@ -111,6 +119,9 @@ class DeviceParameters {
   float* m_ = nullptr;
   float* v_ = nullptr;
   bool dropped_ = false;
+  // GradSquareSums' device scratch: one double per tensor, and the partials of the largest.
+  double* square_sums_ = nullptr;
+  double* square_partials_ = nullptr;
 };
 
 // Lays `specs` (with their ids) out at 128-element aligned offsets.

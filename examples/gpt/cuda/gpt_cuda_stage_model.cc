@@ -10,9 +10,11 @@
 //    brings a model created with it to the same place, without the host copies.
 #include "examples/gpt/cuda/gpt_cuda_stage_model.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "lib/backend/cuda/cuda_status.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/cuda_stream.h"
@@ -173,18 +175,36 @@ absl::Status GptCudaStageModel::StartIteration(std::int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status GptCudaStageModel::OptimizerStep() {
+absl::Status GptCudaStageModel::OptimizerStep(float grad_scale) {
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   if (!has_optimizer_state() && holds_parameters()) return NoOptimizerStateError("OptimizerStep");
+  if (!std::isfinite(grad_scale) || !(grad_scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("OptimizerStep on stage ", stage_,
+                                                   ": grad_scale = ", grad_scale,
+                                                   " must be finite and > 0"));
+  }
   // The step counts once every chunk took it.
   const std::int64_t t = optimizer_steps_ + 1;
+  AdamWConfig adamw = config_.optimizer;
+  adamw.learning_rate = LearningRateAt(config_.optimizer, t);
   for (auto& c : chunks_) {
-    PO_RETURN_IF_ERROR(Annotate(c->params().AdamWStep(config_.optimizer, t, stream_),
+    PO_RETURN_IF_ERROR(Annotate(c->params().AdamWStep(adamw, t, stream_, grad_scale),
                                 absl::StrCat("OptimizerStep on stage ", stage_)));
   }
   optimizer_steps_ = t;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TensorSquareSum>> GptCudaStageModel::GradSquareSums() const {
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  std::vector<TensorSquareSum> sums;
+  for (const auto& c : chunks_) {
+    PO_ASSIGN_OR_RETURN(std::vector<TensorSquareSum> part, c->params().GradSquareSums(stream_));
+    sums.insert(sums.end(), part.begin(), part.end());
+  }
+  return sums;
 }
 
 absl::Status GptCudaStageModel::CheckChunk(const char* op, int chunk) const {

@@ -8,7 +8,9 @@
 //      (virtual stage 0) and targets (the last) for every microbatch.
 //   2. The runtime's F / B / W calls, in schedule order (per chunk, B and W in microbatch
 //      order, which fixes every gradient's accumulation order: bitwise reproducible).
-//   3. OptimizerStep(): AdamW (LaunchAdamUpdate) on every chunk's fp32 master, m and v, which
+//   3. With global-norm clipping, GradSquareSums() on every stage, combined by the trainer
+//      (optimizer_schedule.h) into the step's scale; then OptimizerStep(scale): AdamW
+//      (LaunchAdamUpdate) at the schedule's rate on every chunk's fp32 master, m and v, which
 //      also rewrites the bf16 working copies.
 // A model created without optimizer state (an optimizer-offload engine owns it) skips 3; its
 // engines rewrite the bf16 copies (DeviceParameters::mutable_weights) instead.
@@ -83,10 +85,15 @@ class GptCudaStageModel final : public StageModel {
 
   // --- Iteration protocol ---------------------------------------------------------------------
   [[nodiscard]] absl::Status StartIteration(std::int64_t step);
-  // AdamW with bias correction t = steps so far + 1. Errors: FailedPrecondition when the build
-  // has no GPU Adam, or without optimizer state (created without it, or dropped; the message
-  // says which).
-  [[nodiscard]] absl::Status OptimizerStep();
+  // AdamW with bias correction t = steps so far + 1, at LearningRateAt(config.optimizer, t)
+  // (optimizer_schedule.h), every gradient times `grad_scale` (global-norm clipping's
+  // coefficient). Errors: FailedPrecondition when the build has no GPU Adam, or without
+  // optimizer state (created without it, or dropped; the message says which); InvalidArgument
+  // for a grad_scale not finite and > 0.
+  [[nodiscard]] absl::Status OptimizerStep(float grad_scale = 1.0f);
+  // Each of this stage's tensors' gradient sum of squares (DeviceParameters::GradSquareSums),
+  // the step's gradients final (after its last B / W); waits for the compute stream.
+  [[nodiscard]] absl::StatusOr<std::vector<TensorSquareSum>> GradSquareSums() const;
 
   // --- Optimizer state ------------------------------------------------------------------------
   bool has_optimizer_state() const;

@@ -111,6 +111,7 @@ class CudaTrainStage final : public TrainStage {
       engine_options.adam.epsilon = adamw.epsilon;
       engine_options.adam.weight_decay = 0.0f;  // refused with offload (train_options.cc)
       engine_options.adam.decoupled_weight_decay = true;
+      engine_options.max_grad_norm = 0.0;  // the stage clips by the global norm (OptimizerStep)
       engine_options.cpu.threads = cpu_threads;
       engine_options.timeout_seconds = std::max(600.0, options_.watchdog_seconds);
       // The working copy the kernels read: the engine rewrites it in place at every step.
@@ -140,9 +141,15 @@ class CudaTrainStage final : public TrainStage {
   absl::StatusOr<std::vector<double>> Losses() override { return model_->Losses(); }
   absl::Status ExchangeTiedGrad(RankGroup&) override { return absl::OkStatus(); }
 
-  absl::Status OptimizerStep() override {
+  // From the fp32 accumulators on the GPU, with or without engines (so the norm is the same
+  // whatever holds the optimizer state).
+  absl::StatusOr<std::vector<TensorSquareSum>> GradSquareSums() override {
+    return model_->GradSquareSums();
+  }
+
+  absl::Status OptimizerStep(float grad_scale) override {
     const double start = backend_.NowSeconds();
-    absl::Status status = offloaded() ? OffloadedStep() : GpuStep();
+    absl::Status status = offloaded() ? OffloadedStep(grad_scale) : GpuStep(grad_scale);
     last_optimizer_seconds_ = backend_.NowSeconds() - start;
     return status;
   }
@@ -215,13 +222,17 @@ class CudaTrainStage final : public TrainStage {
   bool offloaded() const { return options_.optimizer_offload != TrainOptimizerOffload::kNone; }
 
   // GPU AdamW (the model's), waited for so its time is counted here.
-  absl::Status GpuStep() {
-    PO_RETURN_IF_ERROR(model_->OptimizerStep());
+  absl::Status GpuStep(float grad_scale) {
+    PO_RETURN_IF_ERROR(model_->OptimizerStep(grad_scale));
     return model_->Synchronize(options_.watchdog_seconds);
   }
 
   // Every chunk's fp32 gradients rounded to bf16 and handed over, then every engine's step.
-  absl::Status OffloadedStep() {
+  // The engines clip nothing themselves (max_grad_norm 0: each sees one chunk, not the
+  // model): the global scale reaches them as loss_scale = 1 / grad_scale, which divides
+  // every gradient. Their rate is the constant one they were created with (the schedule
+  // needs a per-step rate the engine does not take; train_options.cc refuses one).
+  absl::Status OffloadedStep(float grad_scale) {
     internal::ScopedDevice guard;
     PO_RETURN_IF_ERROR(guard.Enter(device_));
     for (ChunkEngine& entry : engines_) {
@@ -231,7 +242,8 @@ class CudaTrainStage final : public TrainStage {
           reinterpret_cast<const std::uint16_t*>(entry.grad_bf16), 0, n));
     }
     for (ChunkEngine& entry : engines_) {
-      PO_ASSIGN_OR_RETURN(const OptimizerStepResult result, entry.engine->Step(1.0f));
+      PO_ASSIGN_OR_RETURN(const OptimizerStepResult result,
+                          entry.engine->Step(1.0f / grad_scale));
       if (!result.applied) {
         return absl::DataLossError(absl::StrFormat(
             "chunk %d: the gradient norm is not finite (%g); the optimizer step was skipped",
