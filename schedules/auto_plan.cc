@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lib/base/checked_math.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 #include "schedules/offload_planner.h"
@@ -212,8 +213,10 @@ CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v) {
   scaled.forward_time *= factor;
   scaled.backward_time *= factor;
   scaled.weight_time *= factor;
+  // Saturated: llround of a value past the int64 range is undefined; the byte-total check then
+  // refuses the model.
   scaled.activation_bytes =
-      static_cast<std::int64_t>(std::llround(static_cast<double>(cost.activation_bytes) * factor));
+      SaturatedInt64(std::round(static_cast<double>(cost.activation_bytes) * factor));
   return scaled;
 }
 

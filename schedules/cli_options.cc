@@ -2,15 +2,20 @@
 // parser cannot drift apart.
 #include "schedules/cli_options.h"
 
-#include <fstream>
+#include <algorithm>
 #include <functional>
-#include <sstream>
+#include <limits>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "lib/base/bounded_file.h"
+#include "lib/base/checked_math.h"
+#include "lib/base/echo.h"
 #include "lib/base/status_macros.h"
+#include "lib/ir/json_fields.h"
+#include "schedules/families.h"
 
 namespace pipeoffload::cli {
 namespace {
@@ -28,6 +33,7 @@ struct Parsing {
   std::string policy = "1f1b";
   std::optional<Family> family;
   std::vector<std::function<absl::Status(CostModel&)>> overrides;
+  std::vector<std::string_view> given;  // names of the options on the command line
 };
 
 using Handler = std::function<absl::Status(Parsing&, std::string_view value)>;
@@ -43,16 +49,33 @@ absl::Status BadValue(std::string_view option, std::string_view expected,
                       std::string_view value) {
   return absl::InvalidArgumentError(absl::StrCat("--", std::string(option), ": expected ",
                                                  std::string(expected), ", got \"",
-                                                 std::string(value), "\""));
+                                                 Echo(value), "\""));
 }
 
+// An integer in [min, max]; the error gives the range. Every integer flag goes through here
+// with the range its field can hold, so none is narrowed unchecked (--gpt-hidden 4294967296
+// once became 0).
 absl::StatusOr<std::int64_t> ParseInt(std::string_view option, std::string_view value,
-                                      std::int64_t min) {
+                                      std::int64_t min, std::int64_t max) {
   std::int64_t parsed = 0;
-  if (!absl::SimpleAtoi(std::string(value), &parsed) || parsed < min) {
-    return BadValue(option, absl::StrCat("an integer >= ", min), value);
+  if (!absl::SimpleAtoi(std::string(value), &parsed) || parsed < min || parsed > max) {
+    return BadValue(option, absl::StrCat("an integer >= ", min, " and <= ", max), value);
   }
   return parsed;
+}
+
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
+// Sets an int field of a struct (the spec, the GPT shape) from an integer flag.
+template <typename Struct>
+Handler IntField(int Struct::*field, Struct Parsing::*owner, std::string_view option, int min,
+                 std::int64_t max = kIntMax) {
+  return [=](Parsing& p, std::string_view value) -> absl::Status {
+    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, min, max));
+    (p.*owner).*field = static_cast<int>(parsed);
+    return absl::OkStatus();
+  };
 }
 
 absl::StatusOr<double> ParseDouble(std::string_view option, std::string_view value,
@@ -65,11 +88,11 @@ absl::StatusOr<double> ParseDouble(std::string_view option, std::string_view val
   return parsed;
 }
 
-// Sets an int field of the spec.
+// Sets an int field of the spec. 1e9 is past every limit of the compiler (which names the real
+// one, kMaxStages and the like), so the value always fits.
 Handler SpecInt(int PipelineSpec::*field, std::string_view option, int min) {
   return [=](Parsing& p, std::string_view value) -> absl::Status {
-    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, min));
-    if (parsed > 1'000'000'000) return BadValue(option, "a value below 1e9", value);
+    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, min, 1'000'000'000));
     p.options.spec.*field = static_cast<int>(parsed);
     return absl::OkStatus();
   };
@@ -89,7 +112,7 @@ Handler CostDouble(double CostModel::*field, std::string_view option, bool allow
 
 Handler CostBytes(std::int64_t CostModel::*field, std::string_view option) {
   return [=](Parsing& p, std::string_view value) -> absl::Status {
-    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, 0));
+    PO_ASSIGN_OR_RETURN(const std::int64_t parsed, ParseInt(option, value, 0, kInt64Max));
     p.overrides.push_back([=](CostModel& cost) {
       cost.*field = parsed;
       return absl::OkStatus();
@@ -174,6 +197,10 @@ const std::vector<OptionDef>& Options() {
            }
          }
          PO_ASSIGN_OR_RETURN(const double base, ParseDouble("memory-budget", digits, false));
+         // 2^63 itself is the first double past the int64 range; converting it is undefined.
+         if (!(base * scale < 9223372036854775808.0)) {
+           return BadValue("memory-budget", "a byte count below 2^63", value);
+         }
          p.options.spec.memory_budget_bytes = static_cast<std::int64_t>(base * scale);
          return absl::OkStatus();
        }},
@@ -204,23 +231,11 @@ const std::vector<OptionDef>& Options() {
          return absl::OkStatus();
        }},
       {"gpt-hidden", "H", "GPT estimate: hidden size h. Default 8192.",
-       [](Parsing& p, std::string_view value) -> absl::Status {
-         PO_ASSIGN_OR_RETURN(const std::int64_t h, ParseInt("gpt-hidden", value, 1));
-         p.gpt.hidden = static_cast<int>(h);
-         return absl::OkStatus();
-       }},
+       IntField(&GptShape::hidden, &Parsing::gpt, "gpt-hidden", 1)},
       {"gpt-seq", "S", "GPT estimate: tokens per microbatch. Default 4096.",
-       [](Parsing& p, std::string_view value) -> absl::Status {
-         PO_ASSIGN_OR_RETURN(const std::int64_t s, ParseInt("gpt-seq", value, 1));
-         p.gpt.sequence = static_cast<int>(s);
-         return absl::OkStatus();
-       }},
+       IntField(&GptShape::sequence, &Parsing::gpt, "gpt-seq", 1)},
       {"gpt-layers-per-chunk", "N", "GPT estimate: layers in one chunk. Default 2.",
-       [](Parsing& p, std::string_view value) -> absl::Status {
-         PO_ASSIGN_OR_RETURN(const std::int64_t n, ParseInt("gpt-layers-per-chunk", value, 1));
-         p.gpt.layers_per_chunk = static_cast<int>(n);
-         return absl::OkStatus();
-       }},
+       IntField(&GptShape::layers_per_chunk, &Parsing::gpt, "gpt-layers-per-chunk", 1)},
       {"gpt-tflops", "R", "GPT estimate: achieved TFLOP/s. Default 600.",
        [](Parsing& p, std::string_view value) -> absl::Status {
          PO_ASSIGN_OR_RETURN(const double r, ParseDouble("gpt-tflops", value, false));
@@ -262,7 +277,8 @@ const std::vector<OptionDef>& Options() {
       {"host-link-group-size", "N",
        "stages [kN, (k+1)N) share one host link and stagger their transfers. Default 2.",
        [](Parsing& p, std::string_view value) -> absl::Status {
-         PO_ASSIGN_OR_RETURN(const std::int64_t n, ParseInt("host-link-group-size", value, 1));
+         PO_ASSIGN_OR_RETURN(const std::int64_t n,
+                             ParseInt("host-link-group-size", value, 1, kIntMax));
          p.overrides.push_back([=](CostModel& cost) {
            cost.host_link_group_size = static_cast<int>(n);
            return absl::OkStatus();
@@ -300,11 +316,58 @@ const std::vector<OptionDef>& Options() {
   return *kOptions;
 }
 
+// An option that the chosen command or policy does not read is an error rather than silently
+// ignored: --offload-fraction 0.5 with --policy po-h once printed a po-h plan as if it applied.
+absl::Status CheckEveryOptionUsed(const Parsing& p) {
+  const Command command = p.options.command;
+  const OffloadPolicy offload = p.options.spec.offload;
+  const bool compiles = command == Command::kCompile;
+  const auto given = [&](std::string_view name) {
+    return std::find(p.given.begin(), p.given.end(), name) != p.given.end();
+  };
+  const auto unused = [&](std::string_view name, std::string_view reader) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", std::string(name), " is read only by ", std::string(reader),
+        "; here it would be ignored (drop it, or change the policy or command)"));
+  };
+  // Spec options shape what compile and compare build; import and validate take the spec from
+  // the file, except what a CSV does not carry: import's --stages and its family hint.
+  static constexpr std::string_view kSpecOptions[] = {
+      "microbatches", "chunks", "group-size", "split-backward", "offload-fraction",
+      "offload-chunks", "memory-budget", "strict", "alternatives", "stages", "policy", "family"};
+  if (command == Command::kImport || command == Command::kValidate) {
+    for (std::string_view name : kSpecOptions) {
+      const bool import_reads = name == "stages" || name == "policy" || name == "family";
+      if (given(name) && !(command == Command::kImport && import_reads)) {
+        return unused(name, "compile and compare (the file holds the spec)");
+      }
+    }
+  }
+  for (std::string_view name : {std::string_view("offload-fraction"),
+                                std::string_view("offload-chunks")}) {
+    if (given(name) && compiles && offload != OffloadPolicy::kSelective) {
+      return unused(name, "--policy selective (and compare's selective row)");
+    }
+  }
+  if (given("memory-budget") && compiles && offload != OffloadPolicy::kAuto) {
+    return unused("memory-budget", "--policy auto (and compare's auto row)");
+  }
+  if (given("alternatives") && !(compiles && offload == OffloadPolicy::kAuto)) {
+    return unused("alternatives", "compile with --policy auto");
+  }
+  if (given("offload-ratio") && !p.options.unit_costs) {
+    return unused("offload-ratio", "--unit-costs");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CostModel> BuildCostModel(const Parsing& p) {
   CostModel cost = p.options.unit_costs ? UnitCostModel(p.offload_ratio)
                                         : EstimateGptCostModel(p.gpt);
   if (!p.cost_model_file.empty()) {
-    PO_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(p.cost_model_file));
+    PO_ASSIGN_OR_RETURN(const std::string text,
+                        ReadBoundedFile(p.cost_model_file,
+                                        {"cost model", kMaxCostModelFileBytes, /*text=*/true}));
     absl::StatusOr<CostModel> parsed = ParseCostModelJson(text, cost);
     if (!parsed.ok()) return Annotate(parsed.status(), p.cost_model_file);
     cost = *std::move(parsed);
@@ -314,14 +377,6 @@ absl::StatusOr<CostModel> BuildCostModel(const Parsing& p) {
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
   Parsing p;
@@ -341,7 +396,7 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
       p.options.command = Command::kValidate;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown command \"", std::string(command),
+          "unknown command \"", Echo(command),
           "\"; expected compile, compare, import or validate (see --help)"));
     }
     first = 2;
@@ -355,7 +410,7 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
         continue;
       }
       return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument \"", std::string(arg), "\" (see --help)"));
+          absl::StrCat("unexpected argument \"", Echo(arg), "\" (see --help)"));
     }
     arg.remove_prefix(2);
     std::string_view value;
@@ -371,7 +426,7 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
     }
     if (def == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown option --", std::string(arg), " (see --help)"));
+          absl::StrCat("unknown option --", Echo(arg), " (see --help)"));
     }
     if (!def->value_name.empty() && !has_inline_value) {
       if (i + 1 >= argc) {
@@ -384,6 +439,7 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
           absl::StrCat("--", std::string(arg), " takes no value"));
     }
     if (arg == "chunks") chunks_given = true;
+    p.given.push_back(def->name);
     PO_RETURN_IF_ERROR(def->handle(p, value));
   }
 
@@ -426,6 +482,7 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
       p.options.input.empty() && !p.options.help) {
     return absl::InvalidArgumentError("import and validate need an input file argument");
   }
+  if (!p.options.help) PO_RETURN_IF_ERROR(CheckEveryOptionUsed(p));
   PO_ASSIGN_OR_RETURN(p.options.cost, BuildCostModel(p));
   return std::move(p.options);
 }
@@ -448,6 +505,15 @@ std::string UsageText() {
     if (flag.size() < 30) flag.resize(30, ' ');
     absl::StrAppend(&text, flag, " ", std::string(def.help), "\n");
   }
+  absl::StrAppend(
+      &text, "\nlimits (the reasons: docs/hardening.md):\n",
+      "  p <= ", internal::kMaxStages, ", m <= ", internal::kMaxMicrobatches, ", v <= ",
+      internal::kMaxChunksPerStage, ", p*m*v <= ", internal::kMaxEntries, " entries\n",
+      "  offload policies: p*m*v * p*v <= ", internal::kMaxOffloadPlanWork,
+      " (the planner's work; p=64 m=512 v=4 is half)\n",
+      "  input files: regular files only; schedules (JSON, CSV) <= ", kMaxScheduleFileBytes >> 20,
+      " MiB, cost models <= ", kMaxCostModelFileBytes >> 20, " MiB; JSON nests <= ",
+      internal::kMaxJsonDepth, " deep\n");
   absl::StrAppend(
       &text,
       "\nexamples:\n"

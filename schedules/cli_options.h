@@ -1,5 +1,6 @@
 // Command-line options of po-schedule: one table of options, each with its help text, parsed
-// into a CliOptions. No I/O beyond reading the cost-model file named on the command line.
+// into a CliOptions. No I/O beyond reading the cost-model file named on the command line
+// (through ReadBoundedFile: a regular file, at most kMaxCostModelFileBytes).
 #ifndef PIPEOFFLOAD_SCHEDULES_CLI_OPTIONS_H_
 #define PIPEOFFLOAD_SCHEDULES_CLI_OPTIONS_H_
 
@@ -29,9 +30,6 @@ struct CliOptions {
 // Parses argv (argv[0] is the program). Errors: InvalidArgument naming the option and the
 // problem ("--stages: expected an integer >= 1, got \"x\""), or the cost-model file's error.
 [[nodiscard]] absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv);
-
-// The whole file at `path`. Errors: NotFound naming the path.
-[[nodiscard]] absl::StatusOr<std::string> ReadTextFile(const std::string& path);
 
 // The --help text: commands, every option with its meaning and default, and examples.
 std::string UsageText();

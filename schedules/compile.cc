@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/check.h"
 #include "lib/base/status_macros.h"
+#include "lib/sim/sim_cost_check.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
@@ -21,6 +22,8 @@ absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost
     return internal::PlanAuto(spec, cost, /*alternatives=*/nullptr);
   }
   PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
+  // Before anything is planned: the planner adds up bytes and times of this cost model too.
+  PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
   PO_ASSIGN_OR_RETURN(const Schedule order, BuildComputeOrder(resolved, cost));
   PO_ASSIGN_OR_RETURN(Schedule lowered, LowerCommunication(order));
 

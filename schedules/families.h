@@ -23,6 +23,13 @@ inline constexpr int kMaxStages = 4096;
 inline constexpr int kMaxMicrobatches = 1 << 20;
 inline constexpr int kMaxChunksPerStage = 1024;
 inline constexpr std::int64_t kMaxEntries = std::int64_t{1} << 22;
+// Offload planning (po-h, po-f, selective, auto) costs far more per entry than building an
+// order: its placement search visits, for every entry, the ops of the entry's lifetime on its
+// stage, about p * v of them. Its work, entries * virtual stages = p*m*v * p*v, is capped here:
+// p=64 m=512 v=4 (the benchmark shape, 2^25, ~2 s and ~0.6 GB) plans; twice that is the most a
+// spec may ask, where larger shapes once ran for minutes (p=171 m=88 v=6 split: 40 s and more)
+// or out of memory (the 4M-entry limit). docs/hardening.md and --help name the limit.
+inline constexpr std::int64_t kMaxOffloadPlanWork = std::int64_t{1} << 26;
 
 // Checks p, m and v against the limits above: InvalidArgument naming the field and the range.
 [[nodiscard]] absl::Status CheckSpecShape(const PipelineSpec& spec);

@@ -51,6 +51,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lib/base/checked_math.h"
 #include "lib/base/status_macros.h"
 #include "lib/sim/simulate_parts.h"
 #include "pipeoffload/compiler.h"
@@ -174,7 +175,7 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
   const PipelineSpec& spec = lowered.spec;
   const int p = spec.num_stages;
   const int group_size = cost.host_link_group_size;
-  const int num_groups = (p + group_size - 1) / group_size;
+  const int num_groups = static_cast<int>(CeilDiv(p, group_size));
   PipelinePlan plan;
   plan.groups.resize(num_groups);
   plan.group_of.resize(p);

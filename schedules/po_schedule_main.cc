@@ -7,7 +7,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/bounded_file.h"
 #include "lib/base/status_macros.h"
+#include "lib/ir/declared_offload.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/schedule_io.h"
 #include "pipeoffload/simulate.h"
@@ -104,7 +106,9 @@ absl::Status RunCompare(const CliOptions& options) {
 }
 
 absl::Status RunImport(const CliOptions& options) {
-  PO_ASSIGN_OR_RETURN(const std::string csv, ReadTextFile(options.input));
+  PO_ASSIGN_OR_RETURN(const std::string csv,
+                      ReadBoundedFile(options.input, {"schedule CSV", kMaxScheduleFileBytes,
+                                                      /*text=*/true}));
   absl::StatusOr<Schedule> parsed =
       ParsePyTorchCsv(csv, options.spec.num_stages, options.spec.family);
   if (!parsed.ok()) return Annotate(parsed.status(), options.input);
@@ -122,9 +126,12 @@ absl::Status RunImport(const CliOptions& options) {
 }
 
 absl::Status RunValidate(const CliOptions& options) {
-  PO_ASSIGN_OR_RETURN(const std::string json, ReadTextFile(options.input));
+  PO_ASSIGN_OR_RETURN(const std::string json,
+                      ReadBoundedFile(options.input, {"schedule file", kMaxScheduleFileBytes,
+                                                      /*text=*/true}));
   absl::StatusOr<Schedule> parsed = ParseScheduleJson(json);
   if (!parsed.ok()) return Annotate(parsed.status(), options.input);
+  PO_RETURN_IF_ERROR(Annotate(internal::CheckDeclaredOffload(*parsed), options.input));
   PO_ASSIGN_OR_RETURN(const Schedule schedule,
                       CheckAndPredict(*std::move(parsed), options.cost));
   std::fprintf(stderr, "po-schedule: %s is a valid schedule\n", options.input.c_str());

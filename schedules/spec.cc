@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/checked_math.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 #include "schedules/families.h"
@@ -34,15 +35,10 @@ absl::Status CheckSpecShape(const PipelineSpec& spec) {
   PO_RETURN_IF_ERROR(CheckRange("num_stages", spec.num_stages, 1, kMaxStages));
   PO_RETURN_IF_ERROR(CheckRange("num_microbatches", spec.num_microbatches, 1, kMaxMicrobatches));
   PO_RETURN_IF_ERROR(CheckRange("chunks_per_stage", spec.chunks_per_stage, 1, kMaxChunksPerStage));
-  const std::int64_t entries = std::int64_t{spec.num_stages} * spec.chunks_per_stage *
-                               spec.num_microbatches;
-  if (entries > kMaxEntries) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_stages * chunks_per_stage * num_microbatches must be at most ", kMaxEntries,
-        " (got ", spec.num_stages, " * ", spec.chunks_per_stage, " * ", spec.num_microbatches,
-        " = ", entries, ")"));
-  }
-  return absl::OkStatus();
+  return CheckedProduct("num_stages * chunks_per_stage * num_microbatches",
+                        {spec.num_stages, spec.chunks_per_stage, spec.num_microbatches},
+                        kMaxEntries)
+      .status();
 }
 
 }  // namespace internal
@@ -70,6 +66,20 @@ absl::Status CheckOffloadFields(const PipelineSpec& spec) {
   if (spec.memory_budget_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memory_budget_bytes must be >= 0 (got ", spec.memory_budget_bytes, ")"));
+  }
+  if (spec.offload != OffloadPolicy::kNone) {
+    const absl::StatusOr<std::int64_t> work = CheckedProduct(
+        absl::StrCat("offload planning work p*m*v * p*v for ",
+                     std::string(OffloadPolicyName(spec.offload))),
+        {spec.num_stages, spec.num_microbatches, spec.chunks_per_stage, spec.num_stages,
+         spec.chunks_per_stage},
+        internal::kMaxOffloadPlanWork);
+    if (!work.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          work.status().message(),
+          " (the planner's search grows with entries times virtual stages; use fewer stages, "
+          "chunks or microbatches, or no offload)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -3,14 +3,13 @@
 
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "examples/gpt/rng.h"
+#include "lib/base/bounded_file.h"
 #include "lib/base/check.h"
 
 namespace pipeoffload::gpt {
@@ -91,12 +90,11 @@ GptData GptData::FromBytes(std::string bytes, std::string name) {
 }
 
 absl::StatusOr<GptData> GptData::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open data file '", path, "'"));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading data file '", path, "'"));
-  std::string bytes = std::move(buffer).str();
+  // Byte-level tokens may be any byte, NUL included, so the file is read as binary.
+  absl::StatusOr<std::string> read =
+      ReadBoundedFile(path, {"data file", kMaxDataFileBytes, /*text=*/false});
+  if (!read.ok()) return read.status();
+  std::string bytes = *std::move(read);
   if (bytes.empty())
     return absl::InvalidArgumentError(absl::StrCat("data file '", path, "' is empty"));
   return GptData(std::move(bytes), path);

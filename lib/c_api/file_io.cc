@@ -1,28 +1,20 @@
 // Whole-file reads and writes for po_schedule_load / po_schedule_write, on the project's
 // UniqueFd so that every failure (open, read, write, close) comes back as a Status naming the
-// path and errno, as the C ABI promises, rather than as a stream's silent fail bit.
+// path and errno, as the C ABI promises, rather than as a stream's silent fail bit. Reads go
+// through ReadBoundedFile: a regular file, at most kMaxScheduleFileBytes, no NUL byte.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include "lib/base/bounded_file.h"
 #include "lib/base/unique_fd.h"
 #include "lib/c_api/c_api_internal.h"
 
 namespace pipeoffload::c_api {
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus(errno, "cannot open", path);
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(fd.get(), buffer, sizeof(buffer));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return ErrnoStatus(errno, "cannot read", path);
-    if (got == 0) return text;
-    text.append(buffer, static_cast<std::size_t>(got));
-  }
+  return ReadBoundedFile(path, {"schedule file", kMaxScheduleFileBytes, /*text=*/true});
 }
 
 absl::Status WriteWholeFile(const std::string& path, std::string_view text) {

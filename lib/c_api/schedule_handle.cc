@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "lib/base/status_macros.h"
+#include "lib/ir/declared_offload.h"
 #include "lib/c_api/c_api_internal.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/schedule_io.h"
@@ -49,8 +50,11 @@ absl::StatusOr<Schedule> ParseCsv(std::string_view data, const po_load_options& 
 
 absl::StatusOr<Schedule> ParseAny(std::string_view data, const po_load_options& options) {
   switch (options.format) {
-    case PO_FORMAT_JSON:
-      return ParseScheduleJson(data);
+    case PO_FORMAT_JSON: {
+      PO_ASSIGN_OR_RETURN(Schedule schedule, ParseScheduleJson(data));
+      PO_RETURN_IF_ERROR(internal::CheckDeclaredOffload(schedule));
+      return schedule;
+    }
     case PO_FORMAT_PYTORCH_CSV:
     case PO_FORMAT_PYTORCH_CSV_COMMS:
       return ParseCsv(data, options);

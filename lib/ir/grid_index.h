@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "lib/base/checked_math.h"
 #include "lib/ir/grid_format.h"
 #include "pipeoffload/schedule.h"
 
@@ -172,10 +173,17 @@ inline std::optional<GridViolation> CheckShape(const Schedule& schedule) {
       }
     }
   }
-  const std::int64_t entries = static_cast<std::int64_t>(p) * m * v;
-  if (entries > total_ops) {
+  // Checked: p * m * v of a hostile file overflows an int64 (p = 4, m = v = 2^31 - 1), and a
+  // wrapped product would pass this test and size the index.
+  const std::optional<std::int64_t> pm = CheckedMul(p, m);
+  const std::optional<std::int64_t> entries = pm ? CheckedMul(*pm, v) : std::nullopt;
+  if (!entries.has_value() || *entries > total_ops) {
+    const std::string asked =
+        entries ? std::to_string(*entries)
+                : "p * m * v = " + std::to_string(p) + " * " + std::to_string(m) + " * " +
+                      std::to_string(v) + " (more than 2^63)";
     return ViolationAt(kCompleteness, -1, -1,
-                       "the spec asks for F and B of " + std::to_string(entries) +
+                       "the spec asks for F and B of " + asked +
                            " (stage, mb, chunk) entries but the programs hold only " +
                            std::to_string(total_ops) + " ops in total");
   }

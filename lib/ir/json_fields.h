@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "lib/base/echo.h"
 
 namespace pipeoffload::internal {
 
@@ -119,23 +120,69 @@ inline std::string JsonKind(const Json& value) {
   return std::string(value.type_name());
 }
 
+// Deepest nesting of arrays and objects our documents accept. A schedule file nests 4 deep
+// (document, stages, a stage, its ops, an op); the bound keeps a hostile file of 100,000
+// brackets from reaching the recursive code that walks or prints a JSON tree.
+inline constexpr int kMaxJsonDepth = 32;
+
+// Line and column (1-based) of byte `offset` of `text`.
+inline std::string JsonPosition(std::string_view text, std::size_t offset) {
+  std::size_t line = 1;
+  std::size_t line_start = 0;
+  for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
+    }
+  }
+  return absl::StrCat("line ", line, ", column ", offset - line_start + 1, " (byte ", offset, ")");
+}
+
+// Checks what nlohmann's parser would not: nesting depth (above), and NUL bytes, at which it
+// stops as if the text had ended, silently ignoring the rest. One pass over the bytes that
+// tracks strings (a bracket inside one does not nest).
+inline absl::Status CheckJsonShape(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\0') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("JSON text holds a NUL byte at ", JsonPosition(text, i)));
+    }
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, a quote included
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return absl::InvalidArgumentError(absl::StrCat("JSON nests deeper than ", kMaxJsonDepth,
+                                                       " arrays and objects at ",
+                                                       JsonPosition(text, i)));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;  // unbalanced text is the parser's to report
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Parses `text` without letting an exception escape. Errors: InvalidArgument "JSON syntax error
-// at line L, column C (byte B): <what the parser expected>".
+// at line L, column C (byte B): <what the parser expected>", or CheckJsonShape's.
 inline absl::StatusOr<Json> ParseJsonText(std::string_view text) {
+  if (absl::Status shape = CheckJsonShape(text); !shape.ok()) return shape;
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& error) {
     // error.byte counts the characters read, the offending one included.
     const std::size_t offset = std::min<std::size_t>(error.byte > 0 ? error.byte - 1 : 0,
                                                      text.size());
-    std::size_t line = 1;
-    std::size_t line_start = 0;
-    for (std::size_t i = 0; i < offset; ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        line_start = i + 1;
-      }
-    }
     // Keep the parser's explanation, without its "[json.exception...] parse error at ...: "
     // prefix (we give the position ourselves).
     std::string_view detail = error.what();
@@ -143,8 +190,7 @@ inline absl::StatusOr<Json> ParseJsonText(std::string_view text) {
       detail.remove_prefix(colon + 2);
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "JSON syntax error at line ", line, ", column ", offset - line_start + 1, " (byte ",
-        offset, "): ", std::string(detail)));
+        "JSON syntax error at ", JsonPosition(text, offset), ": ", Echo(detail, 256)));
   } catch (const Json::exception& error) {
     // Numbers too large for a double and similar: not a syntax error, but not readable either.
     std::string_view detail = error.what();
@@ -152,7 +198,7 @@ inline absl::StatusOr<Json> ParseJsonText(std::string_view text) {
       detail.remove_prefix(end + 2);  // "[json.exception.out_of_range.406] "
     }
     return absl::InvalidArgumentError(
-        absl::StrCat("JSON could not be read: ", std::string(detail)));
+        absl::StrCat("JSON could not be read: ", Echo(detail, 256)));
   }
 }
 
@@ -167,7 +213,7 @@ inline absl::Status CheckObjectKeys(const Json& value, std::string_view path,
     bool known = false;
     for (std::string_view name : allowed) known = known || name == key;
     if (!known) {
-      return FieldError(JoinPath(path, key),
+      return FieldError(JoinPath(path, Echo(key)),
                         absl::StrCat("unknown key; expected one of ", JoinNames(allowed)));
     }
   }

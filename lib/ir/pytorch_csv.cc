@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "lib/base/echo.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/schedule_io.h"
@@ -95,7 +96,7 @@ struct Position {
 };
 
 std::string Where(const Position& at) {
-  return absl::StrCat("row ", at.row, ", column ", at.column, ", cell \"", at.cell, "\"");
+  return absl::StrCat("row ", at.row, ", column ", at.column, ", cell \"", Echo(at.cell), "\"");
 }
 
 absl::Status CellError(const Position& at, std::string_view what) {
@@ -190,7 +191,7 @@ absl::StatusOr<Action> ParseCell(std::string_view cell) {
                                   [&](const ActionTypeName& e) { return e.name == type_name; });
   if (entry == kActionTypes.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown action type \"", std::string(type_name), "\"; expected one of ",
+        "unknown action type \"", Echo(type_name), "\"; expected one of ",
         ActionTypeList(),
         type_name == "BW" ? " (\"BW\" is the pre-2.6 dialect's full backward; this reader "
                             "reads the current one, where it is \"B\")"
@@ -199,7 +200,7 @@ absl::StatusOr<Action> ParseCell(std::string_view cell) {
   PO_ASSIGN_OR_RETURN(const std::optional<int> mb, ReadNumber(cell, &pos, "microbatch"));
   if (pos != cell.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unexpected \"", std::string(cell.substr(pos)), "\" after the action"));
+        "unexpected \"", Echo(cell.substr(pos)), "\" after the action"));
   }
   Action action;
   action.type = entry->type;
@@ -326,7 +327,10 @@ absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, int num_stages,
         absl::StrCat("num_stages must be >= 1 to read a PyTorch CSV, got ", num_stages));
   }
   const std::vector<std::string_view> rows = SplitRows(csv);
-  std::vector<std::vector<Action>> actions(num_stages);
+  // Sized by the rows the text holds, never by num_stages alone: a huge --stages must cost
+  // nothing before the row count refutes it (below).
+  std::vector<std::vector<Action>> actions(
+      std::min(rows.size(), static_cast<std::size_t>(num_stages)));
   std::optional<Position> first_full_backward;
   std::optional<Position> first_split_backward;
   for (std::size_t r = 0; r < rows.size(); ++r) {
@@ -369,6 +373,16 @@ absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, int num_stages,
     return absl::InvalidArgumentError(
         absl::StrCat("the CSV has ", rows.size(), " rows but the pipeline has num_stages = ",
                      num_stages, " ranks (one row per rank, in rank order)"));
+  }
+  // Rows past the last rank hold no action (one that did was reported above). Blank lines there
+  // are an editor's; but a row of idle cells (",,") is a rank that idles throughout, so the file
+  // was written for a longer pipeline: a wrong --stages, not something to ignore.
+  for (std::size_t r = static_cast<std::size_t>(num_stages); r < rows.size(); ++r) {
+    if (rows[r].find(',') == std::string_view::npos) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row ", r, " holds only idle cells, a rank the pipeline does not have (num_stages = ",
+        num_stages, ", so rows 0..", num_stages - 1,
+        "); pass the file's rank count, or drop the row"));
   }
   return BuildSchedule(actions, num_stages, family_hint, first_split_backward.has_value());
 }

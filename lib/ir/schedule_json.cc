@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/echo.h"
 #include "lib/base/status_macros.h"
 #include "lib/ir/json_fields.h"
 #include "lib/ir/json_spec.h"
@@ -147,7 +148,7 @@ absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* sp
   const std::optional<Family> parsed_family = FamilyFromName(family);
   if (!parsed_family.has_value()) {
     return FieldError(JoinPath(path, "family"),
-                      absl::StrCat("unknown family \"", family, "\"; expected one of ",
+                      absl::StrCat("unknown family \"", Echo(family), "\"; expected one of ",
                                    AllNames<Family>(FamilyName)));
   }
   spec->family = *parsed_family;
@@ -165,7 +166,8 @@ absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* sp
     const std::optional<OffloadPolicy> parsed_policy = OffloadPolicyFromName(policy);
     if (!parsed_policy.has_value()) {
       return FieldError(JoinPath(path, "offload"),
-                        absl::StrCat("unknown offload policy \"", policy, "\"; expected one of ",
+                        absl::StrCat("unknown offload policy \"", Echo(policy),
+                                     "\"; expected one of ",
                                      AllNames<OffloadPolicy>(OffloadPolicyName)));
     }
     spec->offload = *parsed_policy;
@@ -233,7 +235,7 @@ absl::Status ReadOp(const Json& value, std::size_t stage_index, std::size_t op_i
   const std::optional<OpKind> kind = OpKindFromName(kind_name);
   if (!kind.has_value()) {
     return FieldError(JoinPath(path_of(), "op"),
-                      absl::StrCat("unknown op kind \"", kind_name, "\"; expected one of ",
+                      absl::StrCat("unknown op kind \"", Echo(kind_name), "\"; expected one of ",
                                    AllOpKindNames()));
   }
   op->kind = *kind;
@@ -397,8 +399,15 @@ absl::StatusOr<Schedule> ParseScheduleJson(std::string_view json) {
     return FieldError("format", absl::StrCat("missing required key; ", supported));
   }
   if (!format->is_string() || format->get_ref<const std::string&>() != kScheduleFormat) {
-    return FieldError("format", absl::StrCat("unsupported format ", format->dump(), "; ",
-                                             supported));
+    // A string is quoted (shortened), a scalar printed; an array or object is named by its
+    // kind, never dumped: it may be a huge or deeply nested tree.
+    std::string shown = format->dump();
+    if (format->is_string()) {
+      shown = absl::StrCat("\"", Echo(format->get_ref<const std::string&>()), "\"");
+    } else if (format->is_structured()) {
+      shown = absl::StrCat("an ", format->type_name());
+    }
+    return FieldError("format", absl::StrCat("unsupported format ", shown, "; ", supported));
   }
 
   Schedule schedule;

@@ -1,12 +1,9 @@
 // LoadScheduleFile and ScheduleFingerprint (planning.h).
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "lib/base/bounded_file.h"
 #include "lib/base/fnv1a.h"
 #include "lib/base/status_macros.h"
+#include "lib/ir/declared_offload.h"
 #include "pipeoffload/planning.h"
 #include "pipeoffload/schedule_io.h"
 #include "pipeoffload/validate.h"
@@ -14,18 +11,17 @@
 namespace pipeoffload {
 
 absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int error = errno;
-    const std::string why =
-        absl::StrCat("cannot read schedule file ", path, ": ", std::strerror(error));
-    return error == EACCES ? absl::PermissionDeniedError(why) : absl::NotFoundError(why);
+  absl::StatusOr<std::string> text =
+      ReadBoundedFile(path, {"schedule file", kMaxScheduleFileBytes, /*text=*/true});
+  if (!text.ok()) {
+    return Annotate(text.status(), absl::StrCat("cannot read schedule file ", path));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<Schedule> schedule = ParseScheduleJson(text.str());
+  absl::StatusOr<Schedule> schedule = ParseScheduleJson(*text);
   if (!schedule.ok()) {
     return Annotate(schedule.status(), absl::StrCat("schedule file ", path, " is corrupted"));
+  }
+  if (absl::Status declared = internal::CheckDeclaredOffload(*schedule); !declared.ok()) {
+    return Annotate(declared, absl::StrCat("schedule file ", path, " is corrupted"));
   }
   if (absl::Status valid = Validate(*schedule); !valid.ok()) {
     return Annotate(valid, absl::StrCat("schedule file ", path, " is not a valid schedule"));

@@ -2,6 +2,8 @@
 // before any timing has been measured.
 #include "pipeoffload/cost_model.h"
 
+#include "lib/base/checked_math.h"
+
 namespace pipeoffload {
 
 CostModel EstimateGptCostModel(const GptShape& shape) {
@@ -16,8 +18,9 @@ CostModel EstimateGptCostModel(const GptShape& shape) {
   cost.forward_time = pass_time;
   cost.backward_time = pass_time;
   cost.weight_time = pass_time;
-  cost.activation_bytes = static_cast<std::int64_t>(layers * 34.0 * h * s);
-  cost.boundary_bytes = static_cast<std::int64_t>(2.0 * h * s);
+  // Saturated: a huge shape fails the byte-total check (sim_cost_check.h) instead of wrapping.
+  cost.activation_bytes = SaturatedInt64(layers * 34.0 * h * s);
+  cost.boundary_bytes = SaturatedInt64(2.0 * h * s);
   cost.d2h_bandwidth = shape.pcie_bandwidth;
   cost.h2d_bandwidth = shape.pcie_bandwidth;
   cost.duplex_bandwidth = shape.pcie_duplex_bandwidth;

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "lib/base/checked_math.h"
 #include "lib/base/status_macros.h"
 #include "lib/ir/grid_format.h"
 #include "lib/ir/grid_index.h"
@@ -86,7 +87,7 @@ class EventLoop {
                       static_cast<double>(cost.boundary_bytes) / cost.p2p_bandwidth),
         stages_(static_cast<std::size_t>(p_)),
         timed_(static_cast<std::size_t>(p_)) {
-    const int groups = (p_ + cost.host_link_group_size - 1) / cost.host_link_group_size;
+    const auto groups = CeilDiv(p_, cost.host_link_group_size);
     link_end_.assign(static_cast<std::size_t>(groups), {0.0, 0.0});
     for (int s = 0; s < p_; ++s) {
       const std::vector<Op>& ops = Ops(s);
@@ -584,7 +585,7 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
 
 std::vector<LinkTraffic> Traffic(const Timeline& timeline, const CostModel& cost, int p) {
   const int group = cost.host_link_group_size;
-  std::vector<LinkTraffic> links(static_cast<std::size_t>((p + group - 1) / group));
+  std::vector<LinkTraffic> links(static_cast<std::size_t>(CeilDiv(p, group)));
   for (std::size_t k = 0; k < links.size(); ++k) links[k].name = "host:" + std::to_string(k);
   std::map<std::pair<int, int>, std::int64_t> p2p;
   for (const auto& stage : timeline.stages) {
@@ -658,9 +659,8 @@ bool HasTransfers(const Schedule& schedule) {
 
 absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel& cost) {
   PO_RETURN_IF_ERROR(CheckStructure(schedule, nullptr));
-  PO_RETURN_IF_ERROR(Annotate(
-      internal::CheckCostModel(cost, schedule.spec.num_stages, schedule.spec.chunks_per_stage),
-      "Simulate"));
+  PO_RETURN_IF_ERROR(Annotate(internal::CheckCostModel(cost, schedule.spec), "Simulate"));
+  PO_RETURN_IF_ERROR(Annotate(internal::CheckTotalOpTime(schedule, cost), "Simulate"));
   const int p = schedule.spec.num_stages;
   Timeline timeline;
   PO_ASSIGN_OR_RETURN(timeline.stages, RunPrograms(schedule, cost));
