@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -48,6 +49,13 @@ double Now() {
 absl::StatusOr<std::vector<std::string>> Gather(RankGroup& group, const absl::Status& mine,
                                                 const std::string& payload,
                                                 const std::string& phase) {
+  if (!mine.ok() && group.size() > 1) {
+    // Said at once: when a rank is stopped or dead the others cannot meet, and the first of
+    // them to give up ends the job (AbortJob) before the later ones could say why they failed.
+    std::fprintf(stderr, "gpt_train: rank %d/%d: %s failed here: %s\n", group.rank(),
+                 group.size(), phase.c_str(), std::string(mine.message()).c_str());
+    std::fflush(stderr);
+  }
   bool group_failed = false;
   absl::StatusOr<std::vector<std::string>> all =
       AllGatherChecked(group, mine, payload, phase, &group_failed);

@@ -31,11 +31,20 @@ class RankGroup {
   virtual int size() const = 0;
   virtual std::string Name() const = 0;  // "local", "mpi"
 
-  // Every rank's `mine` (any bytes, any length), indexed by rank.
-  // Errors: DeadlineExceeded when some rank does not arrive within the timeout (the message
-  // says which call); Unavailable for an MPI failure.
-  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> AllGather(
-      const std::string& mine) = 0;
+  // Every rank's `mine` (any bytes, any length), indexed by rank, within the group's timeout.
+  // Errors: DeadlineExceeded when some rank does not arrive within the timeout, naming the call
+  // and the ranks that did not arrive (e.g. "rank 0: collective 3 waited 5.0 s; ranks 1, 2
+  // arrived, rank 3 did not"); Unavailable for an MPI failure.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGather(const std::string& mine) {
+    return AllGatherWithin(mine, timeout_seconds());
+  }
+  // AllGather, waiting at most `wait_seconds` (> 0) instead of the group's timeout: for a
+  // rank that has failed already and only waits a short while for the others to hear it.
+  // Errors: as AllGather's; InvalidArgument for a wait that is not positive.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> AllGatherWithin(
+      const std::string& mine, double wait_seconds) = 0;
+  // The bound of every wait of AllGather and Exchange.
+  virtual double timeout_seconds() const = 0;
 
   // Sends `mine` to `peer` and returns what `peer` sent in its paired call.
   // Errors: InvalidArgument for a peer out of range or equal to rank(); as AllGather otherwise.
@@ -61,9 +70,16 @@ class RankGroup {
 // and each failed rank with its error (ranks that failed alike are named together, e.g.
 // "setup failed on every rank: the schedule has 4 stages ..." or "step 3 failed on 1 of 4 ranks
 // (rank 2): ..."). Every rank must call it, whatever its own status, so nobody is left waiting.
-// Errors besides: the group's, annotated with `phase`: then the ranks could not meet, the error
-// may differ between them, and when `group_failed` is not null it is set to true (so a caller
-// can end the job instead of trying to meet again); DataLoss for a malformed message.
+//
+// A rank whose `mine` is an error waits at most kFailedRankWaitSeconds (or the group's timeout
+// when shorter) for the others: the ranks that depend on it fail within about that time of it
+// (their own waits are bounded), and a rank that is stopped or dead must not keep the live ones
+// from reporting. Errors besides: the group's, annotated with `phase`, and with this rank's own
+// failure appended when `mine` is one ("...; this rank had failed: <mine>"): then the ranks
+// could not meet, the error may differ between them (each names the ranks it did not hear
+// from), and when `group_failed` is not null it is set to true (so a caller can end the job
+// instead of trying to meet again); DataLoss for a malformed message.
+inline constexpr double kFailedRankWaitSeconds = 5.0;
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGatherChecked(
     RankGroup& group, const absl::Status& mine, const std::string& payload, std::string_view phase,
     bool* group_failed = nullptr);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/backend/clock.h"
+#include "lib/transport/arrivals.h"
 #include "pipeoffload/rank_group.h"
 
 namespace pipeoffload {
@@ -24,6 +25,7 @@ namespace {
 
 struct Round {
   std::vector<std::string> slots;
+  std::vector<bool> came;  // by rank: wrote its slot
   int arrived = 0;
   int departed = 0;
 };
@@ -46,20 +48,29 @@ class LocalRankGroup final : public RankGroup {
   int size() const override { return hub_->num_ranks; }
   std::string Name() const override { return "local"; }
 
-  absl::StatusOr<std::vector<std::string>> AllGather(const std::string& mine) override {
+  double timeout_seconds() const override { return timeout_; }
+
+  absl::StatusOr<std::vector<std::string>> AllGatherWithin(const std::string& mine,
+                                                           double wait_seconds) override {
+    if (!(wait_seconds > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local rank group: the wait must be positive, got ", wait_seconds));
+    }
     const std::int64_t k = next_round_++;
     std::unique_lock<std::mutex> lock(hub_->mu);
     Round& round = hub_->rounds[k];
     round.slots.resize(static_cast<std::size_t>(hub_->num_ranks));
+    round.came.resize(static_cast<std::size_t>(hub_->num_ranks));
     round.slots[static_cast<std::size_t>(rank_)] = mine;
+    round.came[static_cast<std::size_t>(rank_)] = true;
     ++round.arrived;
     hub_->cv.notify_all();
-    const bool all = hub_->cv.wait_until(lock, internal::DeadlineAfter(timeout_),
+    const bool all = hub_->cv.wait_until(lock, internal::DeadlineAfter(wait_seconds),
                                          [&] { return round.arrived == hub_->num_ranks; });
     if (!all) {
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "rank %d: collective %d (all-gather) waited %.1f s; only %d of %d ranks arrived", rank_,
-          k, timeout_, round.arrived, hub_->num_ranks));
+      return absl::DeadlineExceededError(
+          absl::StrFormat("rank %d: collective %d (all-gather) waited %.1f s; %s", rank_, k,
+                          wait_seconds, internal::DescribeArrivals(round.came)));
     }
     std::vector<std::string> result = round.slots;
     if (++round.departed == hub_->num_ranks) hub_->rounds.erase(k);

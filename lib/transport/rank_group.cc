@@ -19,10 +19,18 @@ absl::StatusOr<std::vector<std::string>> AllGatherChecked(RankGroup& group,
   internal::ByteWriter writer;
   writer.PutStatus(mine);
   writer.PutString(payload);
-  absl::StatusOr<std::vector<std::string>> all = group.AllGather(writer.Take());
+  absl::StatusOr<std::vector<std::string>> all =
+      mine.ok() ? group.AllGather(writer.Take())
+                : group.AllGatherWithin(writer.Take(), std::min(group.timeout_seconds(),
+                                                                kFailedRankWaitSeconds));
   if (!all.ok()) {
     if (group_failed != nullptr) *group_failed = true;
-    return Annotate(all.status(), absl::StrCat(std::string(phase), ": the ranks could not meet"));
+    absl::Status met =
+        Annotate(all.status(), absl::StrCat(std::string(phase), ": the ranks could not meet"));
+    if (mine.ok()) return met;
+    // The reason this rank stopped is what a reader needs most: never drop it.
+    return absl::Status(mine.code(), absl::StrCat(met.message(), "; this rank had failed: ",
+                                                  mine.message()));
   }
   std::vector<std::string> payloads;
   // Failures grouped by message, in rank order: ranks that fail alike (a bad file, a wrong

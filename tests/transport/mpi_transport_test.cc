@@ -215,6 +215,30 @@ TEST_CASE("the MPI rank group gathers and exchanges; AllGatherChecked agrees on 
   SyncAll();
 }
 
+TEST_CASE("an MPI all-gather that a rank never joins names it; a failed rank keeps its reason",
+          "[mpi][group]") {
+  // A group of its own (the shared one must stay usable): the last rank stays away, as a
+  // stopped rank would; every other rank failed its step and says what it waited for.
+  absl::StatusOr<std::unique_ptr<RankGroup>> created = CreateMpiRankGroup(1.0);
+  REQUIRE(created.ok());
+  RankGroup& group = **created;
+  const int last = group.size() - 1;
+  if (group.rank() != last) {
+    const std::string reason = "stage " + std::to_string(group.rank()) +
+                               " waited 1.0 s for RECV_B0.0<-" + std::to_string(last);
+    absl::StatusOr<std::vector<std::string>> all =
+        AllGatherChecked(group, absl::DeadlineExceededError(reason), "", "step 0");
+    std::string came = last == 1 ? "rank 0" : "ranks 0";
+    for (int r = 1; r < last; ++r) came += ", " + std::to_string(r);
+    CHECK(all.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(std::string(all.status().message()) ==
+          "step 0: the ranks could not meet: rank " + std::to_string(group.rank()) +
+              ": collective 0 (sizes) waited 1.0 s; " + came + " arrived, rank " +
+              std::to_string(last) + " did not; this rank had failed: " + reason);
+  }
+  SyncAll();  // over the shared transport; the abandoned round is freed with the group
+}
+
 TEST_CASE("a PipelineStage opens over MPI with measured costs and runs po-f exactly",
           "[mpi][pipeline]") {
   Transport& world = World();

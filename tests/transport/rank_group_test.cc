@@ -77,7 +77,7 @@ TEST_CASE("a rank whose peers never arrive times out instead of hanging", "[runt
   REQUIRE_FALSE(all.ok());
   CHECK(all.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(std::string(all.status().message()) ==
-        "rank 0: collective 0 (all-gather) waited 0.2 s; only 1 of 3 ranks arrived");
+        "rank 0: collective 0 (all-gather) waited 0.2 s; rank 0 arrived, ranks 1, 2 did not");
   absl::StatusOr<std::string> theirs = (*groups)[1]->Exchange(2, "hello");
   REQUIRE_FALSE(theirs.ok());
   CHECK(theirs.status().code() == absl::StatusCode::kDeadlineExceeded);
@@ -142,6 +142,45 @@ TEST_CASE("AllGatherChecked: payloads when all are OK, else every rank names the
   CHECK(group_failed);
   CHECK(lonely.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(std::string(lonely.status().message()).find("step 3: the ranks could not meet: ") == 0);
+}
+
+TEST_CASE("a failed rank waits kFailedRankWaitSeconds for silent ranks and keeps its own reason",
+          "[runtime][group]") {
+  // Ranks 0 and 1 failed in the step (their watchdogs fired on rank 2, which is stopped and
+  // never arrives): each waits the short failed-rank bound, not the group's 60 s, and names
+  // who came, who did not, and why it stopped itself.
+  auto groups = CreateLocalRankGroups(3, 60.0);
+  REQUIRE(groups.ok());
+  std::vector<absl::StatusOr<std::vector<std::string>>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const absl::Status waited = absl::DeadlineExceededError(
+          "stage " + std::to_string(r) + " waited 2.0 s for RECV_B1.0<-" + std::to_string(r + 1));
+      results[static_cast<std::size_t>(r)] =
+          AllGatherChecked(*(*groups)[static_cast<std::size_t>(r)], waited, "", "step 1");
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int r = 0; r < 2; ++r) {
+    const absl::Status& status = results[static_cast<std::size_t>(r)].status();
+    CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(std::string(status.message()) ==
+          "step 1: the ranks could not meet: rank " + std::to_string(r) +
+              ": collective 0 (all-gather) waited 5.0 s; ranks 0, 1 arrived, rank 2 did not; "
+              "this rank had failed: stage " + std::to_string(r) +
+              " waited 2.0 s for RECV_B1.0<-" + std::to_string(r + 1));
+  }
+  // A group whose timeout is below the bound waits only that long.
+  auto quick = CreateLocalRankGroups(2, 0.1);
+  REQUIRE(quick.ok());
+  absl::StatusOr<std::vector<std::string>> alone =
+      AllGatherChecked(*(*quick)[0], absl::InternalError("broken"), "", "step 0");
+  CHECK(std::string(alone.status().message()) ==
+        "step 0: the ranks could not meet: rank 0: collective 0 (all-gather) waited 0.1 s; "
+        "rank 0 arrived, rank 1 did not; this rank had failed: broken");
+  CHECK((*quick)[0]->AllGatherWithin("x", 0.0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
