@@ -460,26 +460,10 @@ absl::Status CheckCombination(const TrainOptions& o) {
   return absl::OkStatus();
 }
 
-// The schedule's flags into config.optimizer (see TrainOptions). With --optimizer-offload the
-// rate stays constant: the engine takes one learning rate when it is created
-// (OptimizerOffloadOptions.adam), so asking for a schedule there is an error, and the
-// defaults become a constant rate.
+// The schedule's flags into config.optimizer (see TrainOptions); with --optimizer-offload the
+// engines take each step's rate (OptimizerOffload::SetLearningRate).
 absl::Status ResolveLearningRate(TrainOptions& o) {
   AdamWConfig& adamw = o.config.optimizer;
-  if (o.optimizer_offload != TrainOptimizerOffload::kNone) {
-    if ((o.warmup_given && adamw.warmup_steps > 0) || (o.lr_decay_given && o.lr_decay) ||
-        o.lr_min_given) {
-      return absl::InvalidArgumentError(
-          "--warmup-steps, --lr-decay cosine and --lr-min need a per-step learning rate, which "
-          "the optimizer-offload engine does not take (one rate, fixed at its creation); with "
-          "--optimizer-offload the rate is constant: drop them or give --warmup-steps 0 "
-          "--lr-decay none");
-    }
-    adamw.warmup_steps = 0;
-    adamw.decay_steps = 0;
-    adamw.min_learning_rate = 0.0f;
-    return absl::OkStatus();
-  }
   if (o.lr_min_given && !o.lr_decay) {
     return absl::InvalidArgumentError("--lr-min applies to --lr-decay cosine only");
   }

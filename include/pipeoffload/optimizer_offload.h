@@ -174,6 +174,11 @@ class OptimizerOffload {
   // DeadlineExceeded past options.timeout_seconds; the backend's errors (CUDA: Internal).
   [[nodiscard]] virtual absl::StatusOr<OptimizerStepResult> Step(float loss_scale = 1.0f) = 0;
 
+  // The learning rate of the next Step on (a trainer's warm-up and decay), any time between
+  // steps; options().adam.learning_rate reads it back. Errors: InvalidArgument for a rate that
+  // is negative or not finite (nothing changes then).
+  [[nodiscard]] virtual absl::Status SetLearningRate(float learning_rate) = 0;
+
   // kInterleaved only, between steps: the share of subgroups updated on the GPU from the next
   // step on. Errors: FailedPrecondition for other modes or with gradients pending;
   // InvalidArgument outside [0, options.max_gpu_share].

@@ -155,6 +155,7 @@ class OptimizerOffloadImpl final : public OptimizerOffload {
   absl::Status WaitForGradients() override;
   absl::StatusOr<OptimizerStepResult> Step(float loss_scale) override;
   absl::Status SetGpuShare(double share) override;
+  absl::Status SetLearningRate(float learning_rate) override;
   absl::Status ReadState(std::int64_t offset, std::int64_t count, float* param, float* exp_avg,
                          float* exp_avg_sq) override;
 
@@ -203,7 +204,7 @@ class OptimizerOffloadImpl final : public OptimizerOffload {
 
   Backend& backend_;
   const Queue caller_;  // the backend's built-in compute queue
-  const OptimizerOffloadOptions options_;
+  OptimizerOffloadOptions options_;  // adam.learning_rate changes with SetLearningRate
   const OffloadPlan plan_;
   std::vector<SubgroupPlace> places_;
   std::vector<std::int64_t> staged_slot_;  // per subgroup: device grad slot, or -1
@@ -541,6 +542,15 @@ absl::StatusOr<OptimizerStepResult> OptimizerOffloadImpl::Step(float loss_scale)
   result.applied = true;
   result.step = step_;
   return result;
+}
+
+absl::Status OptimizerOffloadImpl::SetLearningRate(float learning_rate) {
+  if (!std::isfinite(learning_rate) || learning_rate < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer offload: learning rate ", learning_rate, " must be finite and >= 0"));
+  }
+  options_.adam.learning_rate = learning_rate;
+  return absl::OkStatus();
 }
 
 absl::Status OptimizerOffloadImpl::SetGpuShare(double share) {

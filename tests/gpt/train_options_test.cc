@@ -260,10 +260,8 @@ TEST_CASE("bad flags are InvalidArgument naming the flag and what it expects", "
       {{"--lr-min", "0.01"}, "--lr-min 0.01 is above --lr 0.003"},
       {{"--lr-decay", "none", "--lr-min", "1e-4"}, "--lr-min applies to --lr-decay cosine only"},
       {{"--clip-norm", "-1"}, "--clip-norm expects a number in [0,"},
-      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--warmup-steps", "10"},
-       "need a per-step learning rate, which the optimizer-offload engine does not take"},
-      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--lr-min", "1e-5"},
-       "need a per-step learning rate"},
+      {{"--backend", "cuda", "--optimizer-offload", "cpu", "--lr-min", "0.01"},
+       "--lr-min 0.01 is above --lr 0.003"},
   };
   for (const Case& c : cases) {
     const absl::StatusOr<TrainOptions> parsed = Parse(c.args);
@@ -366,13 +364,13 @@ TEST_CASE("the learning-rate schedule and clipping flags: defaults and overrides
   CHECK(adamw->clip_norm == 0.0f);
   CHECK(LearningRateAt(*adamw, 1) == adamw->learning_rate);
 
-  // Optimizer offload: the engine's rate is fixed, so the defaults become a constant rate;
-  // clipping stays.
+  // Optimizer offload: the engines take each step's rate, so the defaults are the same.
   o = Parse({"--backend", "cuda", "--optimizer-offload", "interleaved", "--steps", "200"});
   REQUIRE(o.ok());
   adamw = &o->config.optimizer;
-  CHECK(adamw->warmup_steps == 0);
-  CHECK(adamw->decay_steps == 0);
+  CHECK(adamw->warmup_steps == 100);
+  CHECK(adamw->decay_steps == 200);
+  CHECK(adamw->min_learning_rate == adamw->learning_rate / 10.0f);
   CHECK(adamw->clip_norm == kDefaultClipNorm);
   o = Parse({"--backend", "cuda", "--optimizer-offload", "cpu", "--warmup-steps", "0",
              "--lr-decay", "none"});

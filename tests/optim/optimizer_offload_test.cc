@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -168,13 +169,21 @@ void CheckStepBytes(const OptimizerOffload& engine) {
   CHECK(stats.d2h_bytes == d2h);
 }
 
-Run RunEngine(const OptimizerOffloadOptions& options, std::uint64_t seed) {
+// The learning rate of step t (1-based): a trainer's schedule. Null: the options' constant.
+using RateSchedule = std::function<float(int)>;
+
+Run RunEngine(const OptimizerOffloadOptions& options, std::uint64_t seed,
+              const RateSchedule& rate = nullptr) {
   Rig rig(seed);
   auto engine = rig.Create(options, InitialParams());
   const std::int64_t allocations = engine->allocations();
   const BackendStats created = rig.backend->Stats();
   Run run;
   for (int step = 1; step <= kSteps; ++step) {
+    if (rate) {
+      REQUIRE(engine->SetLearningRate(rate(step)).ok());
+      CHECK(engine->options().adam.learning_rate == rate(step));
+    }
     auto result = rig.Step(*engine, step);
     INFO(result.status().ToString());
     REQUIRE(result.ok());
@@ -192,7 +201,8 @@ Run RunEngine(const OptimizerOffloadOptions& options, std::uint64_t seed) {
 
 // The same steps on the host with AdamUpdateScalar, the norm as the engine defines it (sum of
 // squares per AddGradients range, in call order) and MakeAdamStepScalars.
-Run Reference(const OptimizerOffloadOptions& options, int steps = kSteps) {
+Run Reference(const OptimizerOffloadOptions& options, int steps = kSteps,
+              const RateSchedule& rate = nullptr) {
   Run run;
   run.param = InitialParams();
   run.m.assign(kParams, 0.0f);
@@ -213,7 +223,9 @@ Run Reference(const OptimizerOffloadOptions& options, int steps = kSteps) {
     result.grad_norm = std::sqrt(sum) / static_cast<double>(kLossScale);
     result.grad_scale = static_cast<float>(
         ClipCoefficient(result.grad_norm, options.max_grad_norm) / static_cast<double>(kLossScale));
-    const AdamStepScalars scalars = *MakeAdamStepScalars(options.adam, step, result.grad_scale);
+    AdamOptions adam = options.adam;
+    if (rate) adam.learning_rate = rate(step);
+    const AdamStepScalars scalars = *MakeAdamStepScalars(adam, step, result.grad_scale);
     AdamUpdateScalar(scalars, AdamSpan{run.param.data(), run.m.data(), run.v.data(), g.data(),
                                        run.bf16.data(), kParams});
     run.results.push_back(result);
@@ -251,6 +263,28 @@ void CheckSameBits(const Run& want, const Run& got) {
     CHECK(std::memcmp(&want.results[i].grad_norm, &got.results[i].grad_norm, 8) == 0);
     CHECK(std::memcmp(&want.results[i].grad_scale, &got.results[i].grad_scale, 4) == 0);
   }
+}
+
+TEST_CASE("engine: a per-step learning rate (SetLearningRate) gives the reference's bits",
+          "[offload][engine]") {
+  // Warm-up over 5 steps, then a linear decay: what a trainer's schedule hands the engine.
+  const RateSchedule rate = [](int t) {
+    return t <= 5 ? 1e-2f * static_cast<float>(t) / 5.0f
+                  : 1e-2f * static_cast<float>(kSteps + 1 - t) / static_cast<float>(kSteps - 4);
+  };
+  for (const auto& [mode, share] : {std::pair{OffloadMode::kCpu, 0.0},
+                                    std::pair{OffloadMode::kInterleaved, 0.5},
+                                    std::pair{OffloadMode::kGpu, 1.0}}) {
+    CAPTURE(OffloadModeName(mode), share);
+    const OptimizerOffloadOptions options = BaseOptions(mode, share);
+    CheckSameBits(Reference(options, kSteps, rate), RunEngine(options, 5, rate));
+  }
+  Rig rig(6);
+  auto engine = rig.Create(BaseOptions(OffloadMode::kCpu, 0.0), InitialParams());
+  CHECK(engine->SetLearningRate(-1e-3f).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(engine->SetLearningRate(std::nanf("")).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(engine->options().adam.learning_rate == 1e-2f);  // refused rates change nothing
+  CHECK(engine->SetLearningRate(0.0f).ok());
 }
 
 TEST_CASE("engine: every mode and share gives the reference's bits over 20 steps",

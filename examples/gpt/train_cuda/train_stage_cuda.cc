@@ -22,6 +22,7 @@
 #include "examples/gpt/cuda/gpt_cuda_stage_model.h"
 #include "examples/gpt/cuda/gpt_cuda_util.h"
 #include "examples/gpt/cuda/kernels_cuda.h"
+#include "examples/gpt/optimizer_schedule.h"
 #include "lib/backend/cuda/cuda_status.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/cuda_stream.h"
@@ -230,11 +231,12 @@ class CudaTrainStage final : public TrainStage {
   // Every chunk's fp32 gradients rounded to bf16 and handed over, then every engine's step.
   // The engines clip nothing themselves (max_grad_norm 0: each sees one chunk, not the
   // model): the global scale reaches them as loss_scale = 1 / grad_scale, which divides
-  // every gradient. Their rate is the constant one they were created with (the schedule
-  // needs a per-step rate the engine does not take; train_options.cc refuses one).
+  // every gradient. Their rate is the schedule's for this step (SetLearningRate), the same
+  // LearningRateAt the GPU's own AdamW uses.
   absl::Status OffloadedStep(float grad_scale) {
     internal::ScopedDevice guard;
     PO_RETURN_IF_ERROR(guard.Enter(device_));
+    const float rate = LearningRateAt(options_.config.optimizer, ++offloaded_steps_);
     for (ChunkEngine& entry : engines_) {
       const std::int64_t n = entry.params->padded_elements();
       PO_RETURN_IF_ERROR(cuda::Fp32ToBf16(entry.grad_bf16, entry.params->grad(0), n, stream_));
@@ -242,6 +244,7 @@ class CudaTrainStage final : public TrainStage {
           reinterpret_cast<const std::uint16_t*>(entry.grad_bf16), 0, n));
     }
     for (ChunkEngine& entry : engines_) {
+      PO_RETURN_IF_ERROR(entry.engine->SetLearningRate(rate));
       PO_ASSIGN_OR_RETURN(const OptimizerStepResult result,
                           entry.engine->Step(1.0f / grad_scale));
       if (!result.applied) {
@@ -260,6 +263,7 @@ class CudaTrainStage final : public TrainStage {
   const std::unique_ptr<GptCudaStageModel> model_;
   cuda::DeviceAllocations scratch_;  // the engines' bf16 gradients
   std::vector<ChunkEngine> engines_;
+  std::int64_t offloaded_steps_ = 0;  // the engines' steps so far (the schedule's t)
   double last_optimizer_seconds_ = 0.0;
   std::int64_t measured_bytes_ = 0;  // cudaMemGetInfo's difference across creation
 };
