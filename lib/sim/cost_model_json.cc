@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/echo.h"
 #include "lib/base/status_macros.h"
 #include "lib/ir/json_fields.h"
 #include "pipeoffload/cost_model.h"
@@ -135,8 +136,8 @@ absl::StatusOr<CostModel> ParseCostModelJson(std::string_view json, const CostMo
     bool known = false;
     for (std::string_view name : kKeys) known = known || name == key;
     if (!known) {
-      return FieldError(key, absl::StrCat("unknown cost model key; expected one of ",
-                                          internal::JoinNames(kKeys)));
+      return FieldError(Echo(key), absl::StrCat("unknown cost model key; expected one of ",
+                                                internal::JoinNames(kKeys)));
     }
     PO_RETURN_IF_ERROR(ReadField(key, value, &cost));
   }
