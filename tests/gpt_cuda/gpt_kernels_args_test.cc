@@ -14,7 +14,6 @@ bf16* const kBf16 = reinterpret_cast<bf16*>(std::uintptr_t{4096});
 float* const kFloat = reinterpret_cast<float*>(std::uintptr_t{4096});
 std::int32_t* const kInt = reinterpret_cast<std::int32_t*>(std::uintptr_t{4096});
 void* const kWorkspace = reinterpret_cast<void*>(std::uintptr_t{4096});
-cublasHandle_t const kHandle = reinterpret_cast<cublasHandle_t>(std::uintptr_t{4096});
 
 void ExpectInvalid(const absl::Status& status, const std::string& function,
                    const std::string& fragment) {
@@ -62,70 +61,62 @@ TEST_CASE("GPT kernels reject bad sizes and null pointers by name", "[gpt_kernel
                 "SoftmaxCrossEntropyBackward", "targets is null");
 }
 
-TEST_CASE("Attention rejects bad shapes, workspaces and handles by name", "[gpt_kernels_args]") {
-  const AttentionShape good{2, 16, 4, 64, 0};
+TEST_CASE("Attention rejects bad shapes and pointers by name", "[gpt_kernels_args]") {
+  const AttentionShape good{2, 16, 4, 64};
   AttentionShape bad = good;
-  SECTION("T beyond kMaxAttentionT") {
+  SECTION("T beyond kMaxAttentionT (the flash kernel's grid limit)") {
+    REQUIRE(kMaxAttentionT == 65535 * 64);
     bad.T = kMaxAttentionT + 1;
-    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, kWorkspace, bad, kHandle, nullptr),
-                  "AttentionForward", "T = 16385");
+    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, bad, nullptr), "AttentionForward",
+                  "T = 4194241");
   }
   SECTION("no heads") {
     bad.NH = 0;
+    ExpectInvalid(AttentionBackward(kBf16, kBf16, kBf16, kBf16, kFloat, kWorkspace, bad, nullptr),
+                  "AttentionBackward", "NH = 0");
+  }
+  SECTION("a head size the flash kernel lacks") {
+    bad.hs = 96;
+    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, bad, nullptr), "AttentionForward",
+                  "hs = 96 is not a head size of the flash attention (64 or 128)");
+  }
+  SECTION("null qkv and dqkv: checked before the column blocks are formed") {
+    ExpectInvalid(AttentionForward(kBf16, kFloat, nullptr, good, nullptr), "AttentionForward",
+                  "qkv is null");
     ExpectInvalid(
-        AttentionBackward(kBf16, kBf16, kBf16, kBf16, kFloat, kWorkspace, bad, kHandle, nullptr),
-        "AttentionBackward", "NH = 0");
+        AttentionBackward(nullptr, kBf16, kBf16, kBf16, kFloat, kWorkspace, good, nullptr),
+        "AttentionBackward", "dqkv is null");
   }
-  SECTION("negative heads_per_group") {
-    bad.heads_per_group = -1;
-    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, kWorkspace, bad, kHandle, nullptr),
-                  "AttentionForward", "heads_per_group = -1");
-  }
-  SECTION("negative row_blocks") {
-    bad.row_blocks = -2;
+  SECTION("null lse, workspace; misaligned workspace (the flash kernel's checks)") {
+    ExpectInvalid(AttentionForward(kBf16, nullptr, kBf16, good, nullptr),
+                  "FlashAttentionForward", "lse is null");
+    ExpectInvalid(AttentionBackward(kBf16, kBf16, kBf16, kBf16, kFloat, nullptr, good, nullptr),
+                  "FlashAttentionBackward", "workspace is null");
+    void* misaligned = reinterpret_cast<void*>(std::uintptr_t{4096 + 2});
     ExpectInvalid(
-        AttentionBackward(kBf16, kBf16, kBf16, kBf16, kFloat, kWorkspace, bad, kHandle, nullptr),
-        "AttentionBackward", "row_blocks = -2");
-  }
-  SECTION("null workspace, handle, lse") {
-    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, nullptr, good, kHandle, nullptr),
-                  "AttentionForward", "workspace is null");
-    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, kWorkspace, good, nullptr, nullptr),
-                  "AttentionForward", "cublas is null");
-    ExpectInvalid(
-        AttentionBackward(kBf16, kBf16, kBf16, kBf16, nullptr, kWorkspace, good, kHandle, nullptr),
-        "AttentionBackward", "lse is null");
-  }
-  SECTION("misaligned workspace") {
-    void* misaligned = reinterpret_cast<void*>(std::uintptr_t{4096 + 4});
-    ExpectInvalid(AttentionForward(kBf16, kFloat, kBf16, misaligned, good, kHandle, nullptr),
-                  "AttentionForward", "16-byte aligned");
+        AttentionBackward(kBf16, kBf16, kBf16, kBf16, kFloat, misaligned, good, nullptr),
+        "FlashAttentionBackward", "workspace is not 4-byte aligned");
   }
 }
 
-TEST_CASE("Attention workspace: heads grouped to 1 GiB, 1 GiB at most at T = 4096",
+TEST_CASE("Attention maps the fused QKV onto the flash kernel's row strides",
           "[gpt_kernels_args]") {
+  // C = 4 * 64 = 256: q, k, v rows 3C = 768 apart, one kv head per query head, dense out.
+  const examples::cuda::AttentionDims d = FlashDims({2, 16, 4, 64});
+  CHECK(d.B == 2);
+  CHECK(d.T == 16);
+  CHECK(d.NH == 4);
+  CHECK(d.NKV == 4);
+  CHECK(d.hd == 64);
+  CHECK(d.q_row_stride == 768);
+  CHECK(d.kv_row_stride == 768);
+  CHECK(d.out_row_stride == 256);
+  // The backward's workspace: B * NH * T floats (dot(dout, out) per query); none when invalid.
   constexpr std::int64_t kMiB = std::int64_t{1} << 20;
-  // T = 4096: 128 MiB of scores and score gradients per head, so 8 heads per group.
-  CHECK(AttentionHeadsPerGroup({1, 4096, 64, 128, 0}) == 8);
-  CHECK(AttentionWorkspaceBytes({1, 4096, 64, 128, 0}) == 1024 * kMiB);
-  CHECK(AttentionWorkspaceBytes({8, 4096, 64, 128, 0}) <= 1024 * kMiB);
-  CHECK(AttentionHeadsPerGroup({1, 2048, 64, 128, 0}) == 32);
-  CHECK(AttentionWorkspaceBytes({1, 2048, 64, 128, 0}) == 1024 * kMiB);
-  // Short sequences: every head in one group (capped at NH).
-  CHECK(AttentionHeadsPerGroup({4, 1024, 12, 64, 0}) == 12);
-  CHECK(AttentionWorkspaceBytes({4, 1024, 12, 64, 0}) == 96 * kMiB);
-  // T = 16384: one head (2 GiB) even though it exceeds the budget.
-  CHECK(AttentionHeadsPerGroup({1, 16384, 64, 128, 0}) == 1);
-  CHECK(AttentionWorkspaceBytes({1, 16384, 64, 128, 0}) == 2048 * kMiB);
-  // An explicit group size wins, capped at NH.
-  CHECK(AttentionHeadsPerGroup({1, 64, 5, 64, 2}) == 2);
-  CHECK(AttentionHeadsPerGroup({1, 64, 5, 64, 9}) == 5);
-  CHECK(AttentionWorkspaceBytes({1, 64, 5, 64, 2}) == 8 * 64 * 64 * 2);
-  CHECK(AttentionWorkspaceBytes({1, 4096, 64, 128, 2}) == 256 * kMiB);
-  // Invalid shapes need nothing.
-  CHECK(AttentionWorkspaceBytes({1, 0, 5, 64, 0}) == 0);
-  CHECK(AttentionWorkspaceBytes({1, 64, 5, 0, 0}) == 0);
+  CHECK(AttentionBackwardWorkspaceBytes({2, 16, 4, 64}) == 2 * 4 * 16 * 4);
+  CHECK(AttentionBackwardWorkspaceBytes({1, 2048, 64, 128}) == kMiB / 2);
+  CHECK(AttentionBackwardWorkspaceBytes({1, 0, 5, 64}) == 0);
+  CHECK(AttentionBackwardWorkspaceBytes({1, 64, 5, 96}) == 0);
 }
 
 TEST_CASE("Column-sum scratch sizes", "[gpt_kernels_args]") {

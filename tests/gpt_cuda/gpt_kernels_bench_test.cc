@@ -10,9 +10,7 @@
 #include <functional>
 #include <vector>
 
-#include "examples/gpt/cuda/kernels_args.h"
 #include "examples/gpt/cuda/kernels_cuda.h"
-#include "examples/gpt/cuda/kernels_launch.h"
 #include "tests/gpt_cuda/kernel_test_util.h"
 
 namespace pipeoffload::gpt::cuda::testing {
@@ -161,90 +159,35 @@ TEST_CASE("GPT kernel timings at h = 8192, T = 4096", "[.gpt_kernels_bench][benc
   }
 }
 
-// The default head grouping and row blocks and, for comparison, other choices of either.
+// The GPT's attention (the flash kernel on the fused QKV layout) at the h = 8192 layer's heads.
 TEST_CASE("GPT attention timings at h = 8192 (NH = 64, hs = 128)",
           "[.gpt_kernels_bench][bench_attention]") {
   for (const int T : {2048, 4096}) {
     const int C = 64 * 128;
     TestStream stream;
     cudaStream_t s = stream.get();
-    cublasHandle_t cublas = nullptr;
-    REQUIRE(cublasCreate(&cublas) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(cublasSetStream(cublas, s) == CUBLAS_STATUS_SUCCESS);
+    const AttentionShape shape{1, T, 64, 128};
     DeviceArray<bf16> qkv(std::int64_t{T} * 3 * C), out(std::int64_t{T} * C);
     DeviceArray<bf16> dout(std::int64_t{T} * C), dqkv(std::int64_t{T} * 3 * C);
     DeviceArray<float> lse(std::int64_t{64} * T);
+    DeviceArray<unsigned char> workspace(AttentionBackwardWorkspaceBytes(shape));
     qkv.Upload(ToBf16(RandomBf16Values(std::int64_t{T} * 3 * C, -1.0f, 1.0f, 77)));
     dout.Upload(ToBf16(RandomBf16Values(std::int64_t{T} * C, -1.0f, 1.0f, 78)));
-    // Useful (causal: half of T x T) GEMM FLOPs: 2 products in the forward, 5 in the backward
-    // (the scores are recomputed), T^2 hs multiply-adds each per head.
+    // Useful (causal: half of T x T) FLOPs: 2 products in the forward, 5 in the backward (the
+    // scores are recomputed), T^2 hs multiply-adds each per head.
     const double product = 1.0 * T * T * 128 * 64;
-    struct Config {
-      int heads_per_group, row_blocks;
-    };
-    for (const Config& config :
-         {Config{0, 0}, Config{0, 1}, Config{0, 2}, Config{4, 0}, Config{8, 0}, Config{16, 0}}) {
-      const AttentionShape shape{1, T, 64, 128, config.heads_per_group, config.row_blocks};
-      if (AttentionWorkspaceBytes(shape) > (std::int64_t{1} << 30)) continue;
-      DeviceArray<unsigned char> workspace(AttentionWorkspaceBytes(shape));
-      const double forward = MedianMs(s, [&] {
-        return cuda::AttentionForward(out.data(), lse.data(), qkv.data(), workspace.data(), shape,
-                                      cublas, s);
-      });
-      const double backward = MedianMs(s, [&] {
-        return cuda::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                       workspace.data(), shape, cublas, s);
-      });
-      const bool automatic = config.heads_per_group == 0 && config.row_blocks == 0;
-      std::printf(
-          "bench Attention T=%d NH=64 hs=128 group %2d row blocks %d%s: forward %7.3f ms (%5.1f "
-          "causal TFLOP/s), backward %7.3f ms (%5.1f)\n",
-          T, AttentionHeadsPerGroup(shape), config.row_blocks, automatic ? " (default)" : "",
-          forward, 2 * product / (forward * 1e-3) / 1e12, backward,
-          5 * product / (backward * 1e-3) / 1e12);
-    }
-    cublasDestroy(cublas);
-  }
-}
-
-// The attention's own kernels alone (internal launchers), to split the attention's time between
-// them and cuBLAS: bytes counted once (the visible half of the fp32 scores, the bf16 results up
-// to the end of each row's block of T / 4 rows, the default blocks at these T).
-TEST_CASE("GPT attention softmax timings", "[.gpt_kernels_bench][bench_softmax]") {
-  struct Config {
-    int T, heads;
-  };
-  for (const Config& config : {Config{2048, 8}, Config{4096, 2}}) {
-    const int T = config.T;
-    const int heads = config.heads;
-    const int row_block = T / 4;
-    TestStream stream;
-    cudaStream_t s = stream.get();
-    const std::int64_t square = std::int64_t{T} * T;
-    DeviceArray<float> scores(heads * square), dprobs(heads * square), lse(heads * T);
-    const std::vector<float> random = RandomFloats(heads * square, -4.0f, 4.0f, 90);
-    const double visible = 4.0 * heads * square / 2;
-    const double written = 2.0 * heads * square * 5 / 8;
-    const auto fresh_scores = [&] { scores.Upload(random); };
-    const auto fresh_both = [&] {
-      scores.Upload(random);
-      dprobs.Upload(random);
-    };
-    const auto forward = [&] {
-      return internal::Launched(
-          "softmax", internal::LaunchAttentionSoftmaxForward(scores.data(), lse.data(), T, heads, T,
-                                                             row_block, s));
-    };
-    const auto backward = [&] {
-      return internal::Launched(
-          "softmax", internal::LaunchAttentionSoftmaxBackward(
-                         scores.data(), dprobs.data(), lse.data(), T, heads, T, row_block, s));
-    };
-    char label[96];
-    std::snprintf(label, sizeof(label), "AttentionSoftmaxForward T=%d heads=%d", T, heads);
-    ReportBandwidth(label, MedianMs(s, forward, fresh_scores), visible + written);
-    std::snprintf(label, sizeof(label), "AttentionSoftmaxBackward T=%d heads=%d", T, heads);
-    ReportBandwidth(label, MedianMs(s, backward, fresh_both), 2 * (visible + written));
+    const double forward = MedianMs(s, [&] {
+      return cuda::AttentionForward(out.data(), lse.data(), qkv.data(), shape, s);
+    });
+    const double backward = MedianMs(s, [&] {
+      return cuda::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                     workspace.data(), shape, s);
+    });
+    std::printf(
+        "bench Attention T=%d NH=64 hs=128 (flash): forward %7.3f ms (%5.1f causal TFLOP/s), "
+        "backward %7.3f ms (%5.1f)\n",
+        T, forward, 2 * product / (forward * 1e-3) / 1e12, backward,
+        5 * product / (backward * 1e-3) / 1e12);
   }
 }
 

@@ -1,4 +1,4 @@
-// Flash attention (examples/llama/cuda/flash_attention.h) against the CPU reference
+// Flash attention (examples/common/cuda/flash_attention.h) against the CPU reference
 // (llama_kernels_cpu.h AttentionForward / Backward) on bf16-rounded random inputs, with the
 // conventions of tests/gpt_cuda: outputs and workspace poisoned (NaN) before every run, two runs
 // with the same bits, the worst element printed. Hidden "[.flash_bench]": timings of the API
@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "examples/llama/cuda/flash_attention.h"
-#include "examples/llama/cuda/flash_attention_launch.h"
+#include "examples/common/cuda/flash_attention.h"
+#include "examples/common/cuda/flash_attention_launch.h"
 #include "examples/llama/llama_kernels_cpu.h"
 #include "tests/gpt_cuda/kernel_test_util.h"
 #include "tests/testing/catch.h"
 
-namespace pipeoffload::llama::cuda {
+namespace pipeoffload::examples::cuda {
 namespace {
 
 using gpt::cuda::testing::DeviceArray;
@@ -501,4 +501,4 @@ TEST_CASE("Flash attention timings", "[.flash_bench]") {
 }
 
 }  // namespace
-}  // namespace pipeoffload::llama::cuda
+}  // namespace pipeoffload::examples::cuda

@@ -65,7 +65,8 @@ absl::Status CheckLayerDims(const LayerDims& dims) {
   }
   if (dims.C % dims.NH != 0 || (dims.C / dims.NH != 64 && dims.C / dims.NH != 128)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("head size C/NH must be 64 or 128 (the attention kernels' sizes), got C=",
+        absl::StrCat("head size C/NH must be 64 or 128 (the flash attention's head sizes; the "
+                     "trainers' --heads: C/64 or C/128), got C=",
                      dims.C, " NH=", dims.NH));
   }
   if (dims.T > kMaxAttentionT) {
@@ -149,26 +150,15 @@ absl::StatusOr<std::unique_ptr<GptCudaContext>> GptCudaContext::Create(const Lay
   const std::int64_t nc = std::int64_t{n} * dims.C;
   PO_ASSIGN_OR_RETURN(context->linear_, Linear::Create(stream));
 
-  // cuBLAS for the attention's batched GEMMs: its own workspace, so its choice of kernels does
-  // not depend on other stages' concurrent work (cuBLAS's reproducibility condition).
-  PO_CUBLAS_RETURN_IF_ERROR(cublasCreate(&context->cublas_));
-  PO_CUBLAS_RETURN_IF_ERROR(cublasSetStream(context->cublas_, stream));
-  constexpr std::int64_t kCublasWorkspaceBytes = std::int64_t{32} << 20;
-  PO_ASSIGN_OR_RETURN(void* cublas_workspace, memory.Allocate(kCublasWorkspaceBytes));
-  PO_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(context->cublas_, cublas_workspace,
-                                               static_cast<std::size_t>(kCublasWorkspaceBytes)));
-  const std::int64_t attention = AttentionWorkspaceBytes(dims.Attention());
+  // The flash attention backward's dot(dout, out) per query (B * NH * T fp32). Poisoned once
+  // (every bit set: NaN): the backward writes all of it before reading it, so any other read
+  // shows as a NaN loss instead of passing on whatever cudaMalloc left.
+  const std::int64_t attention = AttentionBackwardWorkspaceBytes(dims.Attention());
   if (attention <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("no attention workspace for B=", dims.B,
                                                    " T=", dims.T, " NH=", dims.NH));
   }
   PO_ASSIGN_OR_RETURN(context->attention_workspace_, memory.Allocate(attention));
-  // Poisoned once (every bit set: NaN in fp32 and bf16). The products write every score the
-  // softmax reads and the softmax every probability the products read (kernels_attention.cc),
-  // so any other read shows as a NaN loss instead of passing on whatever cudaMalloc left. It
-  // also marks the bytes initialized for compute-sanitizer's initcheck, which (before its
-  // 2025.4 release) does not see cuBLAS's TMA stores (cp.async.bulk) into the scores and so
-  // reported the softmax's reads of them as uninitialized.
   PO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(context->attention_workspace_, 0xFF,
                                           static_cast<std::size_t>(attention), stream));
 
@@ -197,7 +187,6 @@ GptCudaContext::~GptCudaContext() {
   // Teardown: work queued by our owner may still use the scratch (bounded wait).
   static_cast<void>(WaitForStream(stream_, 120.0, "~GptCudaContext"));
   linear_.reset();
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
 }
 
 bf16* GptCudaContext::ping_pong(int i) const {
@@ -217,8 +206,7 @@ absl::Status LayerForward(GptCudaContext& context, const LayerWeights& w,
                                       N, C, s));
   PO_RETURN_IF_ERROR(linear.Forward(a.qkv, a.ln1_out, w.qkv_w, w.qkv_b, nullptr, nullptr,
                                     {N, C, 3 * C}));
-  PO_RETURN_IF_ERROR(AttentionForward(a.atty, a.lse, a.qkv, context.attention_workspace(),
-                                      d.Attention(), context.cublas(), s));
+  PO_RETURN_IF_ERROR(AttentionForward(a.atty, a.lse, a.qkv, d.Attention(), s));
   PO_RETURN_IF_ERROR(linear.Forward(a.res2, a.atty, w.proj_w, w.proj_b, /*residual=*/a.x,
                                     nullptr, {N, C, C}));
   // MLP branch: out = res2 + fcproj(gelu(fc(ln2(res2)))).
@@ -250,8 +238,7 @@ absl::Status LayerBackwardInput(GptCudaContext& context, const LayerWeights& w,
   bf16* d_atty = context.d_atty();
   PO_RETURN_IF_ERROR(linear.BackwardInput(d_atty, g.dres2, w.proj_w, nullptr, {N, C, C}));
   PO_RETURN_IF_ERROR(AttentionBackward(g.d_qkv, d_atty, a.qkv, a.atty, a.lse,
-                                       context.attention_workspace(), d.Attention(),
-                                       context.cublas(), s));
+                                       context.attention_workspace(), d.Attention(), s));
   PO_RETURN_IF_ERROR(linear.BackwardInput(g.d_ln1out, g.d_qkv, w.qkv_w, nullptr, {N, C, 3 * C}));
   PO_RETURN_IF_ERROR(Copy(dinp, g.dres2, nc_bytes, s));
   return LayerNormBackwardInput(dinp, g.d_ln1out, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, s);

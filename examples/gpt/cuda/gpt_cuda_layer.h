@@ -13,8 +13,8 @@
 // Saved per layer (LayerSavedLayout, each slot 256-byte aligned), per token:
 //   bf16: x C | ln1 C | qkv 3C | y C | res2 C | ln2 C | fch 4C | g 4C    = 32 C bytes
 //   fp32: ln1 mean, rstd | ln2 mean, rstd | attention lse (NH per token) = 16 + 4 NH bytes
-// Nothing of size T x T is saved: the attention backward recomputes probabilities from qkv
-// and lse (kernels_cuda.h).
+// Nothing of size T x T is saved (nor exists anywhere): the flash attention backward recomputes
+// probabilities from qkv and lse and reads y (its dot(dout, y) per query) (kernels_cuda.h).
 // Lean (LayerDims::lean_saved): ln1, ln2 and g are not saved (20 C bytes per token instead of
 // 32 C). The input backward never reads them (the LayerNorm backward uses x / res2 with mean and
 // rstd, the fc-proj input gradient the pre-activation fch); only the weight gradients do, so
@@ -35,7 +35,6 @@
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_LAYER_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_CUDA_GPT_CUDA_LAYER_H_
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -141,8 +140,8 @@ struct LayerTensorSet {
 using LayerWeights = LayerTensorSet<const bf16>;
 using LayerWeightGrads = LayerTensorSet<float>;
 
-// What every layer of one stage model shares: the handles bound to the stage's compute stream,
-// the attention workspace and the scratch buffers of one call. One per stage model; its layers
+// What every layer of one stage model shares: the cuBLASLt handle bound to the stage's compute
+// stream, the attention workspace and the scratch buffers of one call. One per stage model; its layers
 // run one at a time on one thread. Created once: nothing is allocated after Create.
 class GptCudaContext {
  public:
@@ -160,8 +159,8 @@ class GptCudaContext {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   Linear& linear() { return *linear_; }
-  cublasHandle_t cublas() const { return cublas_; }
-  void* attention_workspace() const { return attention_workspace_; }  // NaN-poisoned at Create
+  // AttentionBackwardWorkspaceBytes(dims.Attention()), NaN-poisoned at Create.
+  void* attention_workspace() const { return attention_workspace_; }
   float* norm_scratch() const { return norm_scratch_; }  // LayerNormWeightScratchFloats
   float* bias_scratch() const { return bias_scratch_; }  // BiasScratchFloats up to the width
   bf16* d_atty() const { return d_atty_; }               // (N,C)
@@ -175,7 +174,7 @@ class GptCudaContext {
   bf16* lean_ln2_out() const { return lean_ln2_out_; }
   bf16* lean_fch_gelu() const { return lean_fch_gelu_; }
   DeviceAllocations& allocations() { return *allocations_; }
-  // Device bytes this context holds (scratch, workspaces; not the cuBLAS handles' own).
+  // Device bytes this context holds (scratch, workspaces; not the cuBLASLt handle's own).
   std::int64_t bytes() const { return allocations_->total_bytes() + Linear::kWorkspaceBytes; }
 
  private:
@@ -187,7 +186,6 @@ class GptCudaContext {
   const cudaStream_t stream_;
   std::unique_ptr<DeviceAllocations> allocations_;
   std::unique_ptr<Linear> linear_;
-  cublasHandle_t cublas_ = nullptr;
   void* attention_workspace_ = nullptr;
   float* norm_scratch_ = nullptr;
   float* bias_scratch_ = nullptr;
@@ -228,8 +226,9 @@ class GptCudaContext {
 [[nodiscard]] absl::StatusOr<LayerActivations> RecomputeLeanActivations(
     GptCudaContext& context, const LayerWeights& w, const LayerActivations& a);
 
-// FLOP of one layer's forward as launched for `dims`: 24 C^2 N for the linear layers plus
-// 4 T^2 C B for attention's two batched GEMMs over full T x T score matrices.
+// FLOP of one layer's forward for `dims`, as LayerStackShape::ForwardFlops counts them: 24 C^2 N
+// for the linear layers plus 4 T^2 C B for attention's two products over full T x T (the flash
+// kernel computes the causal half).
 double LayerForwardFlops(const LayerDims& dims);
 
 }  // namespace pipeoffload::gpt::cuda

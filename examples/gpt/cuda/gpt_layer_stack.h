@@ -49,10 +49,11 @@ struct LayerStackShape {
   std::int64_t SavedBytes() const;
   // The activation between virtual stages: [batch, seq, hidden] bf16.
   std::int64_t BoundaryBytes() const;
-  // FLOP of one chunk's forward as launched: per layer, the four linear layers
-  // 24 h^2 (B T) and the causal attention's two batched GEMMs over full T x T score matrices
-  // 4 T^2 h B (the mask is applied after the GEMM, so the upper triangle is computed too).
-  // A full backward launches twice that.
+  // FLOP of one chunk's forward, counted as the earlier tables did: per layer, the four linear
+  // layers 24 h^2 (B T) and the attention's two products over full T x T score matrices
+  // 4 T^2 h B. (The flash kernel computes only the causal half of those, ~2 T^2 h B, so
+  // TFLOP/s from this count stay comparable across attention implementations, not a measure
+  // of the work launched.) A full backward counts twice that.
   double ForwardFlops() const;
 };
 
@@ -66,8 +67,8 @@ struct LayerStackShape {
 // otherwise): `chunks_per_stage` chunks, parameters, gradients, scratch and the fixed
 // input/gradient allocated with cudaMalloc at creation (outside the runtime's arena: about
 // 6 B per parameter, 12 h^2 parameters per layer, plus ~30 h s bytes of scratch (12 h s more
-// with lean_saved) and the attention workspace), a cuBLASLt and a cuBLAS handle bound to the
-// compute stream.
+// with lean_saved) and the attention backward's B * NH * T floats), a cuBLASLt handle bound to
+// the compute stream.
 // The stage model reports SavedBytes(chunk, false) = shape.SavedBytes() for every chunk and
 // every stage (virtual stage 0 and the last one save what the others do), and
 // SavedBytes(chunk, true) adds the output gradients W needs (22 h s bytes per layer).

@@ -17,20 +17,20 @@
 // - Pointers are device memory. Any alignment works: 128-bit vector loads are used when the
 //   pointers are 16-byte aligned and the row length is a multiple of 8, a scalar path otherwise;
 //   both give the same bits (results depend on sizes and values only, never on addresses).
-//   The attention's GEMMs are cuBLAS's, deterministic for a given handle (one per stream, or a
-//   workspace per stream: cuBLAS's reproducibility rule), shape and operand alignment.
+//   The attention is the shared flash kernel (examples/common/cuda/flash_attention.h), which
+//   needs 16-byte aligned tensors (checked).
 // - Token ids and targets must lie in [0, V); the encoder cannot check them (it does not know V)
 //   and reads out of bounds otherwise; the cross-entropy writes NaN losses for a bad target.
 #ifndef PIPEOFFLOAD_EXAMPLES_GPT_CUDA_KERNELS_CUDA_H_
 #define PIPEOFFLOAD_EXAMPLES_GPT_CUDA_KERNELS_CUDA_H_
 
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "examples/common/cuda/flash_attention.h"
 
 namespace pipeoffload::gpt::cuda {
 
@@ -102,57 +102,46 @@ std::int64_t BiasScratchFloats(int N, int OC);
                                       cudaStream_t stream);
 
 // ---- Causal self-attention ----------------------------------------------------------------
+//
+// The flash kernel of examples/common/cuda/flash_attention.h (shared with the Llama) on the
+// GPT's fused QKV layout: qkv (B,T,3C) holds q | k | v, head h at channels [h*hs, (h+1)*hs) of
+// each, so q, k, v are the column blocks [0,C), [C,2C), [2C,3C) of rows 3C apart, with as many
+// kv heads as query heads (NKV = NH); out (B,T,C) is dense. Scores and probabilities never
+// leave the kernel (nothing of size T x T anywhere); the forward saves lse, the backward
+// recomputes the probabilities from it and needs dot(dout, out) per query (its workspace).
 
 struct AttentionShape {
   int B = 0;
   int T = 0;
   int NH = 0;
-  int hs = 0;  // C = NH * hs
-  // Heads per GEMM batch (bounds the workspace); 0 picks as many as
-  // kAttentionWorkspaceBudgetBytes allows. Tests set it to exercise several groups.
-  int heads_per_group = 0;
-  // Causal row blocks: the T rows are cut into this many blocks (of a multiple of 64 rows, so
-  // possibly fewer) and each block's products skip the columns past its last row; 0 picks
-  // ceil(T / 512), at most 4. A tuning knob: results differ only by GEMM rounding.
-  int row_blocks = 0;
+  int hs = 0;  // C = NH * hs; the flash kernel's head sizes: 64 or 128
 };
 
-// The longest sequence the attention takes (its workspace grows as T^2: 2 GiB per head at
-// T = 16384).
-inline constexpr int kMaxAttentionT = 16384;
-// The score workspace is bounded by processing the heads of one sequence in groups of
-// AttentionHeadsPerGroup(shape) heads: shape.heads_per_group when set (capped at NH), else as
-// many as fit kAttentionWorkspaceBudgetBytes (at least one, at most NH). Bigger groups mean
-// fewer, larger GEMMs: on the H200 at T = 2048, NH = 64 the forward took 0.80 ms with 32 heads
-// per group (the default), 0.86 with 16, 0.95 with 8 and 1.61 with 2.
-inline constexpr std::int64_t kAttentionWorkspaceBudgetBytes = std::int64_t{1} << 30;
-int AttentionHeadsPerGroup(const AttentionShape& shape);
-// Bytes of `workspace` AttentionForward and AttentionBackward need (the same for both):
-// 8 * T * T * AttentionHeadsPerGroup(shape), i.e. one fp32 (T,T) score matrix and one fp32
-// (T,T) score-gradient matrix per head of a group: 1 GiB at T = 2048 (NH >= 32), at T = 4096
-// (NH >= 8) and at T = 8192 (NH >= 2); 0 for an invalid shape. Nothing in it outlives a
-// call: the caller may use it for anything else in between.
-std::int64_t AttentionWorkspaceBytes(const AttentionShape& shape);
+// The longest sequence the attention takes (the flash kernel's grid limit; the layer's 32-bit
+// indexing, gpt_cuda_layer.h CheckLayerDims, bounds B * T * 4C further).
+inline constexpr int kMaxAttentionT = examples::cuda::kFlashAttentionMaxT;
+
+// The flash kernel's view of `shape` (row strides 3C for q, k, v; dense out).
+examples::cuda::AttentionDims FlashDims(const AttentionShape& shape);
+// Bytes of the `workspace` AttentionBackward needs: B * NH * T fp32 (the per-query
+// dot(dout, out)); 0 for an invalid shape. Nothing in it outlives a call.
+std::int64_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
 
 // out (B,T,C) = softmax(mask(q k^T / sqrt(hs))) v per head; lse (B,NH,T) = the log-sum-exp of
-// each row of scaled, masked scores (what the backward needs to recompute the probabilities).
-// qkv (B,T,3C) holds q | k | v, head h at channels [h*hs, (h+1)*hs) of each. `workspace`: at
-// least AttentionWorkspaceBytes(shape) bytes of device memory, 16-byte aligned. `cublas` must be
-// bound to `stream` by the caller (checked: InvalidArgument otherwise); its pointer mode is set
-// to host for the call and restored after. QK^T and PV are cublasGemmStridedBatchedEx (bf16 in,
-// fp32 compute); probabilities are rounded to bf16 before the PV product.
-[[nodiscard]] absl::Status AttentionForward(bf16* out, float* lse, const bf16* qkv, void* workspace,
-                                            const AttentionShape& shape, cublasHandle_t cublas,
-                                            cudaStream_t stream);
-// dqkv (B,T,3C) = the gradient of qkv (overwritten, every element). Recomputes the
-// probabilities from qkv and lse (nothing of size (B,NH,T,T) is saved). `out` is the forward's
-// output; the present implementation computes the softmax-backward row term sum_j P dP from
-// the recomputed fp32 probabilities instead (as the CPU reference does), so it does not read it
-// (it may be null), but the parameter stays so a fused (flash-style) backward can use dout . out.
+// each row of scaled, masked scores (natural log; what the backward needs to recompute the
+// probabilities). Probabilities are rounded to bf16 before the PV product, as the cuBLAS path
+// this replaces did. Errors: InvalidArgument naming the field for a bad shape (hs other than
+// 64 or 128 among them) or null qkv; FlashAttentionForward's (alignment: 16 bytes for out and
+// qkv, 4 for lse); Internal for a failed launch.
+[[nodiscard]] absl::Status AttentionForward(bf16* out, float* lse, const bf16* qkv,
+                                            const AttentionShape& shape, cudaStream_t stream);
+// dqkv (B,T,3C) = the gradient of qkv (overwritten, every element) from dout (B,T,C), the
+// forward's qkv, out and lse. `workspace`: AttentionBackwardWorkspaceBytes(shape) bytes of
+// device memory, 4-byte aligned. Deterministic (fixed-order reductions, no atomics).
+// Errors: as the forward (null dqkv among them).
 [[nodiscard]] absl::Status AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                              const bf16* out, const float* lse, void* workspace,
-                                             const AttentionShape& shape, cublasHandle_t cublas,
-                                             cudaStream_t stream);
+                                             const AttentionShape& shape, cudaStream_t stream);
 
 // ---- Softmax cross-entropy ----------------------------------------------------------------
 

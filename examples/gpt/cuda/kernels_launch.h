@@ -63,22 +63,6 @@ cudaError_t LaunchCrossEntropyBackward(bf16* dlogits, const bf16* logits, const 
                                        const std::int32_t* targets, float dloss, int N, int V,
                                        cudaStream_t stream);
 
-// kernels_attention_softmax.cu: the causal softmax of one group of `heads` attention heads, in
-// place in the score workspace. scores: (heads, T, T) fp32, already scaled by 1/sqrt(hs); only
-// columns j <= i of row i are read. Row i of head g becomes, in its own first bytes, bf16
-// probabilities exp(s - lse) for the columns up to the end of its block of `row_block` rows (zero
-// above the diagonal), so the probability matrix of head g starts at scores + g*T*T with a row
-// pitch of 2T bf16 elements. lse: (heads, T) with head stride `lse_head_stride`.
-cudaError_t LaunchAttentionSoftmaxForward(float* scores, float* lse, std::int64_t lse_head_stride,
-                                          int heads, int T, int row_block, cudaStream_t stream);
-// Backward of the same softmax: recomputes P = exp(s - lse) from `scores` (as above) and takes
-// dprobs (heads, T, T) fp32 = dP; writes in place, with the same pitches and column ranges as
-// the forward, P (bf16) over `scores` and dS = P * (dP - sum_j P dP) (bf16, zero above the
-// diagonal) over `dprobs`.
-cudaError_t LaunchAttentionSoftmaxBackward(float* scores, float* dprobs, const float* lse,
-                                           std::int64_t lse_head_stride, int heads, int T,
-                                           int row_block, cudaStream_t stream);
-
 }  // namespace pipeoffload::gpt::cuda::internal
 
 #endif  // PIPEOFFLOAD_EXAMPLES_GPT_CUDA_KERNELS_LAUNCH_H_

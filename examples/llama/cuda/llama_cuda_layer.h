@@ -32,14 +32,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "examples/common/cuda/flash_attention.h"
 #include "examples/gpt/cuda/linear.h"
-#include "examples/llama/cuda/flash_attention.h"
 #include "examples/llama/llama_config.h"
 #include "examples/llama/llama_layer_cpu.h"
 
 namespace pipeoffload::llama::cuda {
 
 using bf16 = __nv_bfloat16;
+// The flash attention both example models share (examples/common/cuda/flash_attention.h).
+using examples::cuda::AttentionDims;
+using examples::cuda::FlashAttentionBackward;
+using examples::cuda::FlashAttentionBackwardWorkspaceBytes;
+using examples::cuda::FlashAttentionForward;
 
 // Byte offsets of the decoder's activations in its workspace, each slot 256-byte aligned; -1 for
 // slots the config does not need. The forward part comes first.

@@ -2,10 +2,10 @@
 // dispatch of the kernels in flash_attention_kernels.cuh (instantiated here for hd 64 and 128).
 #include <cuda_runtime.h>
 
-#include "examples/llama/cuda/flash_attention_kernels.cuh"
-#include "examples/llama/cuda/flash_attention_launch.h"
+#include "examples/common/cuda/flash_attention_kernels.cuh"
+#include "examples/common/cuda/flash_attention_launch.h"
 
-namespace pipeoffload::llama::cuda::internal {
+namespace pipeoffload::examples::cuda::internal {
 namespace {
 
 // Raises the kernel's dynamic shared memory limit past the default 48 KB and asks for the
@@ -87,4 +87,4 @@ cudaError_t LaunchFlashBackwardQ(const FlashArgs& args, cudaStream_t stream) {
   return args.hd == 64 ? BackwardQ<64>(args, stream) : BackwardQ<128>(args, stream);
 }
 
-}  // namespace pipeoffload::llama::cuda::internal
+}  // namespace pipeoffload::examples::cuda::internal

@@ -14,8 +14,8 @@
 // agree), never to shared memory.
 // Determinism: every sum runs in a fixed order (mma chains in program order, key and query
 // blocks in a fixed sequence, a kv group's query heads ascending); there are no atomics.
-#ifndef PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_KERNELS_CUH_
-#define PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_KERNELS_CUH_
+#ifndef PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_KERNELS_CUH_
+#define PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_KERNELS_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -23,11 +23,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "examples/llama/cuda/flash_attention_device.cuh"
-#include "examples/llama/cuda/flash_attention_launch.h"
-#include "examples/llama/cuda/flash_attention_tiles.cuh"
+#include "examples/common/cuda/flash_attention_device.cuh"
+#include "examples/common/cuda/flash_attention_launch.h"
+#include "examples/common/cuda/flash_attention_tiles.cuh"
 
-namespace pipeoffload::llama::cuda::flash {
+namespace pipeoffload::examples::cuda::flash {
 
 using internal::bf16;
 using internal::FlashArgs;
@@ -503,6 +503,6 @@ __global__ void __launch_bounds__(BackwardQTraits<kHeadDim>::kThreads, 1)
                       lane);
 }
 
-}  // namespace pipeoffload::llama::cuda::flash
+}  // namespace pipeoffload::examples::cuda::flash
 
-#endif  // PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_KERNELS_CUH_
+#endif  // PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_KERNELS_CUH_

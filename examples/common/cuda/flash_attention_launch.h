@@ -2,15 +2,15 @@
 // the launch's error (cudaGetLastError after it), free of Abseil so that flash_attention.cu
 // needs nothing nvcc might choke on. FlashAttentionForward / Backward (flash_attention.cc) check
 // every argument first; the launchers trust them.
-#ifndef PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_LAUNCH_H_
-#define PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_LAUNCH_H_
+#ifndef PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_LAUNCH_H_
+#define PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_LAUNCH_H_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-namespace pipeoffload::llama::cuda::internal {
+namespace pipeoffload::examples::cuda::internal {
 
 using bf16 = __nv_bfloat16;
 
@@ -64,6 +64,6 @@ cudaError_t LaunchFlashBackwardDot(const FlashArgs& args, cudaStream_t stream);
 cudaError_t LaunchFlashBackwardKV(const FlashArgs& args, cudaStream_t stream);
 cudaError_t LaunchFlashBackwardQ(const FlashArgs& args, cudaStream_t stream);
 
-}  // namespace pipeoffload::llama::cuda::internal
+}  // namespace pipeoffload::examples::cuda::internal
 
-#endif  // PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_LAUNCH_H_
+#endif  // PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_LAUNCH_H_

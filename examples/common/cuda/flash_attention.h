@@ -1,8 +1,10 @@
 // Causal grouped-query attention on the GPU, flash-style (Dao et al. 2022, 2023): scores and
 // probabilities live only in registers and shared memory, never as a T x T tensor; the forward
 // saves the log-sum-exp per (sequence, head, query), the backward recomputes the probabilities
-// from it. The CPU reference is examples/llama/llama_kernels_cpu.h AttentionForward / Backward
-// (same math, fp32).
+// from it. The CPU references are examples/llama/llama_kernels_cpu.h AttentionForward / Backward
+// (same math, fp32) and, for the GPT's layout (NKV = NH), examples/gpt/kernels_cpu.h. One kernel
+// for both example models: the Llama layer (GQA) and the GPT layer (kernels_cuda.h's attention)
+// call it on column ranges of their fused QKV projections.
 //
 // Layout: q rows of NH heads, k and v rows of NKV heads, hd elements each, inside row-major
 // matrices whose row n (= b * T + t) starts every `*_row_stride` elements, so q, k, v may be
@@ -13,8 +15,8 @@
 // Deterministic: the same inputs give the same bits on every run (no float atomics; dK / dV
 // and dQ are reduced in a fixed order), which the engine's "two budgets, same bits" rests on.
 // Launchers only enqueue on `stream`; nothing synchronizes or allocates.
-#ifndef PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_H_
-#define PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_H_
+#ifndef PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_H_
+#define PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_H_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -23,9 +25,12 @@
 
 #include "absl/status/status.h"
 
-namespace pipeoffload::llama::cuda {
+namespace pipeoffload::examples::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// The longest sequence the kernels take: grid.y counts query blocks of at least 64 rows.
+inline constexpr int kFlashAttentionMaxT = 65535 * 64;
 
 struct AttentionDims {
   int B = 0;    // sequences
@@ -43,7 +48,7 @@ struct AttentionDims {
 // Errors: InvalidArgument for bad dims (naming the field), null pointers, or bf16 pointers not
 // 16-byte aligned / strides not multiples of 8 (vector loads), fp32 pointers (lse, the
 // backward's workspace) not 4-byte aligned; Internal for a failed launch (naming the kernel).
-// Also T <= 65535 * 64 and B * NH < 2^31 (grid dimensions).
+// Also T <= kFlashAttentionMaxT and B * NH < 2^31 (grid dimensions).
 [[nodiscard]] absl::Status FlashAttentionForward(bf16* out, float* lse, const bf16* q,
                                                  const bf16* k, const bf16* v,
                                                  const AttentionDims& dims, cudaStream_t stream);
@@ -63,6 +68,6 @@ std::int64_t FlashAttentionBackwardWorkspaceBytes(const AttentionDims& dims);
                                                   const bf16* v, const AttentionDims& dims,
                                                   cudaStream_t stream);
 
-}  // namespace pipeoffload::llama::cuda
+}  // namespace pipeoffload::examples::cuda
 
-#endif  // PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_H_
+#endif  // PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_H_

@@ -3,8 +3,8 @@
 // m16n8k16 products (operands from shared memory, or P / dS straight from an earlier product's
 // accumulator), causal masks and the staged bf16 row stores. A warp owns 16-row tiles of a
 // block's output; fragments follow PTX ISA "Matrix Fragments for mma.m16n8k16".
-#ifndef PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_TILES_CUH_
-#define PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_TILES_CUH_
+#ifndef PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_TILES_CUH_
+#define PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_TILES_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -12,10 +12,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "examples/llama/cuda/flash_attention_device.cuh"
-#include "examples/llama/cuda/flash_attention_launch.h"
+#include "examples/common/cuda/flash_attention_device.cuh"
+#include "examples/common/cuda/flash_attention_launch.h"
 
-namespace pipeoffload::llama::cuda::flash {
+namespace pipeoffload::examples::cuda::flash {
 
 using internal::bf16;
 
@@ -238,6 +238,6 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[kHeadDim / 8][4], f
   }
 }
 
-}  // namespace pipeoffload::llama::cuda::flash
+}  // namespace pipeoffload::examples::cuda::flash
 
-#endif  // PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_TILES_CUH_
+#endif  // PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_TILES_CUH_

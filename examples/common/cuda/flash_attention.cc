@@ -2,7 +2,7 @@
 // (InvalidArgument naming the field, with the GPT kernels' ArgCheck), then the launchers of
 // flash_attention_launch.h enqueue the kernels; a failed launch becomes Internal naming the
 // kernel.
-#include "examples/llama/cuda/flash_attention.h"
+#include "examples/common/cuda/flash_attention.h"
 
 #include <cstdint>
 #include <limits>
@@ -10,10 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "examples/gpt/cuda/kernels_args.h"
-#include "examples/llama/cuda/flash_attention_launch.h"
+#include "examples/common/cuda/flash_attention_launch.h"
 #include "lib/base/status_macros.h"
 
-namespace pipeoffload::llama::cuda {
+namespace pipeoffload::examples::cuda {
 namespace {
 
 using gpt::cuda::internal::ArgCheck;
@@ -21,6 +21,7 @@ using gpt::cuda::internal::IsAligned16;
 using gpt::cuda::internal::Launched;
 
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+static_assert(kFlashAttentionMaxT == internal::kFlashMaxT, "flash_attention.h's limit is the grid's");
 
 bool IsAligned4(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0; }
 
@@ -131,4 +132,4 @@ absl::Status FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, void* workspac
   return Launched("FlashBackwardQKernel", internal::LaunchFlashBackwardQ(args, stream));
 }
 
-}  // namespace pipeoffload::llama::cuda
+}  // namespace pipeoffload::examples::cuda

@@ -3,14 +3,14 @@
 // fp32 accumulate), cp.async with zero fill, quad reductions, exp2. Only these touch PTX, so the
 // kernels above them are plain C++ over fragments. Shared-memory operands are 32-bit shared
 // addresses (SmemAddress).
-#ifndef PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_DEVICE_CUH_
-#define PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_DEVICE_CUH_
+#ifndef PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_DEVICE_CUH_
+#define PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_DEVICE_CUH_
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
-namespace pipeoffload::llama::cuda::flash {
+namespace pipeoffload::examples::cuda::flash {
 
 // The block's dynamic shared memory (128-byte aligned: the swizzle works in 128-byte rows).
 __device__ __forceinline__ unsigned char* SharedMemory() {
@@ -115,6 +115,6 @@ __device__ __forceinline__ float Bf16High(std::uint32_t packed) {
 
 __device__ __forceinline__ void SyncWarp() { __syncwarp(); }
 
-}  // namespace pipeoffload::llama::cuda::flash
+}  // namespace pipeoffload::examples::cuda::flash
 
-#endif  // PIPEOFFLOAD_EXAMPLES_LLAMA_CUDA_FLASH_ATTENTION_DEVICE_CUH_
+#endif  // PIPEOFFLOAD_EXAMPLES_COMMON_CUDA_FLASH_ATTENTION_DEVICE_CUH_
