@@ -160,11 +160,16 @@ TEST_CASE("--schedule auto keeps every stage's measured stash peak within --memo
     CHECK(result->schedule->spec.offload != OffloadPolicy::kNone);
     CHECK(result->checksum == plain.checksum);
     CHECK(result->peaks_match);
+    // Half the plain peak fits only by moving activations: the chosen plan does, and moves
+    // exactly the bytes it planned.
+    std::int64_t offloaded = 0;
     for (const StageSummary& stage : result->stages) {
       CAPTURE(stage.stage);
       CHECK(stage.stash_peak_bytes <= budget);
-      CHECK(stage.offloaded_bytes >= 0);
+      CHECK(stage.offloaded_bytes == stage.predicted_offloaded_bytes);
+      offloaded += stage.offloaded_bytes;
     }
+    CHECK(offloaded > 0);
   }
   // A budget below every plan's peak: every rank fails at setup, naming the smallest peak.
   const LocalRun tiny = RunLocal(Options({"--schedule", "auto", "--memory-budget", "1K"}), 4);
@@ -389,7 +394,6 @@ TEST_CASE("--trace writes every stage's measured last step in the simulator's la
     const P2PTimes& times = result.links->stages[static_cast<std::size_t>(d)];
     CHECK(times.sends == sends);
     CHECK(times.receives == receives);
-    CHECK(times.send_seconds >= 0.0);
     CHECK(times.median_send_seconds <= times.send_seconds);
   }
   std::remove(path.c_str());

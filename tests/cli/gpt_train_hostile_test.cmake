@@ -1,0 +1,47 @@
+# Hostile input files to gpt_train (issue 17), on local stages: --data on /dev/zero, a FIFO or a
+# directory, and --schedule-file with JSON nested 100,000 deep, a NUL byte, or a spec that says
+# "offload none" over ops that offload. Each must exit non-zero with the reason on stderr, never
+# by a signal, a hang (60 s guard) or an unbounded read.
+# cmake -DGPT_TRAIN=<binary> -DSOURCE_DIR=<repo> -P gpt_train_hostile_test.cmake
+cmake_minimum_required(VERSION 3.25)
+set(work "${CMAKE_CURRENT_BINARY_DIR}/gpt_train_hostile_work")
+file(REMOVE_RECURSE "${work}")
+file(MAKE_DIRECTORY "${work}")
+set(tiny --transport local --stages 2 --layers 2 --embd 16 --heads 2 --seq 8 --batch 2
+         --microbatches 2 --steps 1)
+
+function(refused name needle)
+  execute_process(COMMAND "${GPT_TRAIN}" ${tiny} ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  RESULT_VARIABLE rc TIMEOUT 60)
+  if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 0)
+    message(FATAL_ERROR "${name}: exit '${rc}', expected a non-zero code (a signal or a timeout "
+                        "shows as text):\n${out}\n${err}")
+  endif()
+  string(FIND "${err}" "${needle}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${name}: stderr lacks \"${needle}\":\n${err}")
+  endif()
+  message(STATUS "${name}: exit ${rc}")
+endfunction()
+
+refused("--data /dev/zero" "'/dev/zero' is not a regular file (a character device)"
+        --data /dev/zero)
+refused("--data on a directory" "is not a regular file (a directory)" --data "${work}")
+find_program(MKFIFO mkfifo)
+if(MKFIFO)
+  execute_process(COMMAND "${MKFIFO}" "${work}/fifo" RESULT_VARIABLE fifo_failed)
+  if(NOT fifo_failed)
+    refused("--data on a FIFO" "is not a regular file (a FIFO)" --data "${work}/fifo")
+  endif()
+endif()
+
+string(REPEAT "[" 100000 open)
+string(REPEAT "]" 100000 close)
+file(WRITE "${work}/deep.json" "{\"format\": ${open}${close}}")
+refused("--schedule-file nested 100,000 deep" "JSON nests deeper than 32"
+        --schedule-file "${work}/deep.json")
+refused("--schedule-file with a NUL byte" "holds a NUL byte at offset"
+        --schedule-file "${SOURCE_DIR}/tests/cli/hostile/nul_tail.json")
+refused("--schedule-file saying offload none over offload ops" "spec.offload: is \"none\" but"
+        --schedule-file "${SOURCE_DIR}/tests/cli/hostile/offload_declared_none.json")
+message(STATUS "gpt_train hostile inputs: all refused cleanly")
