@@ -10,18 +10,12 @@ file(MAKE_DIRECTORY "${work}")
 set(tiny --transport local --stages 2 --layers 2 --embd 16 --heads 2 --seq 8 --batch 2
          --microbatches 2 --steps 1)
 
+include(${CMAKE_CURRENT_LIST_DIR}/hostile_common.cmake)
+# refused(<name> <needle> args...): gpt_train on the tiny local pipeline exits non-zero with
+# `needle` (expect_exit).
 function(refused name needle)
-  execute_process(COMMAND "${GPT_TRAIN}" ${tiny} ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
-                  RESULT_VARIABLE rc TIMEOUT 60)
-  if(NOT rc MATCHES "^[0-9]+$" OR rc EQUAL 0)
-    message(FATAL_ERROR "${name}: exit '${rc}', expected a non-zero code (a signal or a timeout "
-                        "shows as text):\n${out}\n${err}")
-  endif()
-  string(FIND "${err}" "${needle}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "${name}: stderr lacks \"${needle}\":\n${err}")
-  endif()
-  message(STATUS "${name}: exit ${rc}")
+  expect_exit("${GPT_TRAIN}" nonzero "${needle}" ${tiny} ${ARGN})
+  message(STATUS "${name}: refused")
 endfunction()
 
 refused("--data /dev/zero" "'/dev/zero' is not a regular file (a character device)"

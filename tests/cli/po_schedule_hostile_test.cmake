@@ -1,39 +1,16 @@
 # Hostile inputs to po-schedule (issue 17): every one exits with a non-zero code and a message
 # that names the problem, never by a signal, and within a bound on time (a hang guard of 60 s,
-# not a speed test: each case takes well under a second).
+# not a speed test: each case takes well under a second; hostile_common.cmake).
 # Invoked by CTest: cmake -DPO_SCHEDULE=<binary> -DSOURCE_DIR=<repo> -P po_schedule_hostile_test.cmake
 cmake_minimum_required(VERSION 3.25)
 set(work "${CMAKE_CURRENT_BINARY_DIR}/po_schedule_hostile_work")
 file(REMOVE_RECURSE "${work}")
 file(MAKE_DIRECTORY "${work}")
 
-# hostile(<expected exit code> <needle> args...): runs po-schedule; fails on a signal, a timeout,
-# another exit code, or an error without `needle`; and on an error message over 4 KiB (user text
-# is echoed shortened, never whole).
+include(${CMAKE_CURRENT_LIST_DIR}/hostile_common.cmake)
+# hostile(<expected exit code> <needle> args...): expect_exit on po-schedule.
 function(hostile expected needle)
-  execute_process(COMMAND "${PO_SCHEDULE}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                  ERROR_VARIABLE err TIMEOUT 60)
-  string(JOIN " " shown ${ARGN})
-  string(LENGTH "${shown}" shown_length)
-  if(shown_length GREATER 200)
-    string(SUBSTRING "${shown}" 0 200 shown)
-  endif()
-  if(NOT rc MATCHES "^[0-9]+$")
-    message(FATAL_ERROR "po-schedule ${shown}: ended by \"${rc}\" (a signal or a timeout)")
-  endif()
-  if(NOT rc EQUAL expected)
-    string(SUBSTRING "${err}" 0 2000 err_start)
-    message(FATAL_ERROR "po-schedule ${shown}: exit ${rc}, expected ${expected}\n${err_start}")
-  endif()
-  string(FIND "${out}${err}" "${needle}" at)
-  if(at EQUAL -1)
-    string(SUBSTRING "${err}" 0 2000 err_start)
-    message(FATAL_ERROR "po-schedule ${shown}: expected \"${needle}\" in:\n${err_start}")
-  endif()
-  string(LENGTH "${err}" err_length)
-  if(err_length GREATER 4096)
-    message(FATAL_ERROR "po-schedule ${shown}: a ${err_length}-byte error message")
-  endif()
+  expect_exit("${PO_SCHEDULE}" ${expected} "${needle}" ${ARGN})
 endfunction()
 
 set(fixtures "${SOURCE_DIR}/tests/cli/hostile")
