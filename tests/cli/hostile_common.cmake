@@ -1,4 +1,5 @@
-# What the hostile-input scripts share (po_schedule_hostile_test.cmake, gpt_train_hostile_test.cmake).
+# What the hostile-input scripts share (po_schedule_hostile_test.cmake and
+# gpt_train_hostile_test.cmake).
 #
 # expect_exit(<binary> <expected> <needle> args...): runs `binary args...` under a 60 s guard (a
 # hang guard, not a speed test) and fails on a signal or a timeout, on an exit code other than
