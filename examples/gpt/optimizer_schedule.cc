@@ -38,8 +38,9 @@ std::string DescribeLearningRate(const AdamWConfig& config) {
                     " at step ", config.decay_steps);
   } else if (config.decay_steps == 0) {
     absl::StrAppend(&text, ", then constant");
-  } else {  // the decay ends within the warm-up (a run shorter than it): the floor after it
-    absl::StrAppend(&text, ", then ", static_cast<double>(config.min_learning_rate));
+  } else {  // decay_steps, the run's length, ends within the warm-up
+    absl::StrAppend(&text, " (longer than this ", config.decay_steps, "-step run, which ends at ",
+                    static_cast<double>(LearningRateAt(config, config.decay_steps)), ")");
   }
   return text;
 }

@@ -23,7 +23,6 @@ using FlagDef = examples::FlagDef<TrainOptions>;
 using Handler = FlagDef::Handler;
 
 constexpr std::int64_t kIntMax = std::int64_t{1} << 30;
-constexpr std::int64_t kDefaultWarmupSteps = 100;
 
 absl::Status BadValue(std::string_view flag, std::string_view expected, const std::string& got) {
   return examples::BadFlagValue(flag, expected, got);
@@ -236,10 +235,11 @@ const std::vector<FlagDef>& Flags() {
        }},
       {"warmup-steps", "N",
        "linear learning-rate warm-up: update t of the first N runs at lr * t / N (default "
-       "min(100, steps); 0: none). Adam's first updates move every weight by about lr in the "
-       "sign of its gradient, and at init those signs agree across a whole matrix, so a wide "
-       "model's residual stream jumps by about lr x fan-in per channel: without warm-up, "
-       "--embd 2048 at --lr 3e-4 went from loss 6.1 to 12 in one step.",
+       "100, also in shorter runs, which then end within it; 0: none). Adam's first updates "
+       "move every weight by about lr in the sign of its gradient, and at init those signs "
+       "agree across a whole matrix, so a wide model's residual stream jumps by about lr x "
+       "fan-in per channel: --embd 2048 at --lr 3e-4 went from loss 6.1 to 12 in one update "
+       "without warm-up, and to 10.4 with N = 12.",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          PO_ASSIGN_OR_RETURN(o.config.optimizer.warmup_steps,
                              ParseInt("warmup-steps", v, 0, kIntMax));
@@ -467,7 +467,7 @@ absl::Status ResolveLearningRate(TrainOptions& o) {
   if (o.lr_min_given && !o.lr_decay) {
     return absl::InvalidArgumentError("--lr-min applies to --lr-decay cosine only");
   }
-  if (!o.warmup_given) adamw.warmup_steps = DefaultWarmupSteps(o.steps);
+  if (!o.warmup_given) adamw.warmup_steps = kDefaultWarmupSteps;
   adamw.decay_steps = o.lr_decay ? o.steps : 0;
   if (!o.lr_min_given) adamw.min_learning_rate = o.lr_decay ? adamw.learning_rate / 10.0f : 0.0f;
   if (adamw.min_learning_rate > adamw.learning_rate) {
@@ -478,10 +478,6 @@ absl::Status ResolveLearningRate(TrainOptions& o) {
 }
 
 }  // namespace
-
-std::int64_t DefaultWarmupSteps(std::int64_t steps) {
-  return std::min<std::int64_t>(kDefaultWarmupSteps, steps);
-}
 
 absl::StatusOr<TrainOptions> ParseTrainOptions(const std::vector<std::string>& args) {
   TrainOptions options;

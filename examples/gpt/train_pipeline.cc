@@ -49,9 +49,10 @@ double Now() {
 absl::StatusOr<std::vector<std::string>> Gather(RankGroup& group, const absl::Status& mine,
                                                 const std::string& payload,
                                                 const std::string& phase) {
-  if (!mine.ok() && group.size() > 1) {
-    // Said at once: when a rank is stopped or dead the others cannot meet, and the first of
-    // them to give up ends the job (AbortJob) before the later ones could say why they failed.
+  if (mine.code() == absl::StatusCode::kDeadlineExceeded && group.size() > 1) {
+    // A wait that expired (the watchdog): some rank may be stopped or dead, so the ranks may
+    // not meet, and the first to give up ends the job (AbortJob) before the later ones could
+    // say why they failed: say it at once. Other failures meet and are reported together.
     std::fprintf(stderr, "gpt_train: rank %d/%d: %s failed here: %s\n", group.rank(),
                  group.size(), phase.c_str(), std::string(mine.message()).c_str());
     std::fflush(stderr);

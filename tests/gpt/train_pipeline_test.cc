@@ -33,11 +33,13 @@ std::shared_ptr<const GptData> Corpus() {
   return *kData;
 }
 
-// The tiny model of every test here: 4 layers, C 16, T 8, B 2, m 8, 3 steps.
+// The tiny model of every test here: 4 layers, C 16, T 8, B 2, m 8, 3 steps, warmed up over
+// those 3 (the 100-step default would leave rates too small to move the loss in 3 steps).
 TrainOptions Options(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"--layers", "4", "--embd",     "16", "--heads",        "2",
-                                   "--seq",    "8", "--batch",    "2",  "--microbatches", "8",
-                                   "--steps",  "3", "--watchdog", "20"};
+  std::vector<std::string> args = {"--layers", "4",  "--embd",     "16", "--heads",
+                                   "2",        "--seq", "8",        "--batch", "2",
+                                   "--microbatches", "8", "--steps", "3",     "--watchdog",
+                                   "20",       "--warmup-steps", "3"};
   args.insert(args.end(), extra.begin(), extra.end());
   absl::StatusOr<TrainOptions> options = ParseTrainOptions(args);
   INFO(options.status().ToString());
