@@ -216,15 +216,18 @@ std::string ShortfallWarning(const PipelineSpec& spec, const CostModel& cost,
   // The busiest link direction (or shared copy engine) if every requested entry moved.
   double busiest = 0.0;
   std::string where;
-  for (int g = 0; g < static_cast<int>(plan.groups.size()); ++g) {
+  // By group_of, not the groups' StagePlans: the planner frees those once a plan is emitted.
+  // A group's members are its stages in increasing order, as MakePlan adds them.
+  for (int g = 0; g < static_cast<int>(plan.p2p_d2h_busy.size()); ++g) {
     double d2h = plan.p2p_d2h_busy[g], h2d = plan.p2p_h2d_busy[g];
-    for (const StagePlan& stage : plan.groups[g].plans) {
-      const StageOutcome& out = plan.outcomes[stage.stage()];
+    for (int s = 0; s < static_cast<int>(plan.outcomes.size()); ++s) {
+      if (plan.group_of[s] != g) continue;
+      const StageOutcome& out = plan.outcomes[s];
       d2h += out.d2h_demand;
       h2d += out.h2d_demand;
       if (cost.shared_copy_engine && out.d2h_demand + out.h2d_demand > busiest) {
         busiest = out.d2h_demand + out.h2d_demand;
-        where = absl::StrCat("stage ", stage.stage(), "'s copy engine");
+        where = absl::StrCat("stage ", s, "'s copy engine");
       }
     }
     if (d2h > busiest) {

@@ -108,7 +108,8 @@ void Summarize(LinkGroupPlan& group, const StagePlanParams& bandwidths,
                std::vector<StageOutcome>& outcomes);
 
 // The warning for a plan that carries less than the policy asks, with requested and planned
-// shares, the busiest link and the slowdowns; "" when it carries it all.
+// shares, the busiest link and the slowdowns; "" when it carries it all. Reads the plan's
+// outcomes, group_of and P2P busy times only (not its groups, which may be freed).
 std::string ShortfallWarning(const PipelineSpec& spec, const CostModel& cost,
                              const PipelinePlan& plan, double step_time, double base_step_time);
 

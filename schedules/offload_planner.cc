@@ -43,7 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -246,8 +246,9 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
 
 // The lowered schedule with the plan's entries offloaded and the BARRIERs their hand-overs need.
 Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
-  Schedule out = lowered;
-  out.predictions.reset();
+  Schedule out;  // every stage is some group's member: each program is written below
+  out.spec = lowered.spec;
+  out.stages.resize(lowered.stages.size());
   for (const LinkGroupPlan& group : plan.groups) {
     std::vector<PlannedTransfer> transfers;
     std::vector<const StagePlan*> members;
@@ -274,11 +275,13 @@ Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
 }
 
 // Re-simulates `planned`: "" when it is valid, within kOverheadBudget of the lowered
-// schedule's step time and adds no collision; else what is wrong. The timeline's
-// step_time_without_offload is left for the plan that is kept (PlanOffloadImpl, at its end): each
-// candidate would cost a second simulation for a number only the kept one reports.
+// schedule's step time and adds no collision; else what is wrong. Only the predictions come
+// back (*predictions): the kept plan's report needs no more, and a timeline of every op is
+// the largest object planning makes. Their step_time_without_offload is left for the plan that
+// is kept (PlanOffloadImpl, at its end): each candidate would cost a second simulation for a
+// number only the kept one reports.
 std::string Check(const Schedule& planned, const CostModel& cost, const Predictions& baseline,
-                  Timeline* timeline) {
+                  Predictions* predictions) {
   if (absl::Status valid = Validate(planned); !valid.ok()) {
     return absl::StrCat("it fails validation: ", std::string(valid.message()));
   }
@@ -286,7 +289,7 @@ std::string Check(const Schedule& planned, const CostModel& cost, const Predicti
   if (!simulated.ok()) {
     return absl::StrCat("it does not simulate: ", std::string(simulated.status().message()));
   }
-  *timeline = *std::move(simulated);
+  const Timeline* timeline = &*simulated;
   const double base = baseline.step_time;
   const double step = timeline->predictions.step_time;
   if (step > base * (1.0 + kOverheadBudget) + 1e-12) {
@@ -299,21 +302,28 @@ std::string Check(const Schedule& planned, const CostModel& cost, const Predicti
   // Every RELOAD done reload_margin before its B, as planned (a plan whose ops run other than
   // planned can break that even when it adds no collision).
   const bool split = planned.spec.split_backward;
+  const int v = planned.spec.chunks_per_stage;
+  // Per entry (mb * v + chunk) of one stage: its RELOAD's end so far, NaN before one ran.
+  std::vector<double> reload_end;
   for (const std::vector<TimedOp>& stage : timeline->stages) {
-    std::map<std::pair<int, int>, double> reload_end;
+    reload_end.assign(static_cast<std::size_t>(planned.spec.num_microbatches) * v,
+                      std::numeric_limits<double>::quiet_NaN());
     for (const TimedOp& t : stage) {
-      if (t.op.kind == OpKind::kReload) reload_end[{t.op.mb, t.op.chunk}] = t.end;
-      if (t.op.kind != OpKind::kBackward) continue;
-      const auto it = reload_end.find({t.op.mb, t.op.chunk});
+      if (t.op.kind != OpKind::kReload && t.op.kind != OpKind::kBackward) continue;
+      double& end = reload_end[static_cast<std::size_t>(t.op.mb) * v + t.op.chunk];
+      if (t.op.kind == OpKind::kReload) {
+        end = t.end;
+        continue;
+      }
       const double margin =
           cost.reload_margin_in_backward_times * cost.BackwardTime(t.stage, split);
-      if (it != reload_end.end() && it->second > t.start - margin + 1e-9 * std::max(1.0, t.start)) {
+      if (!std::isnan(end) && end > t.start - margin + 1e-9 * std::max(1.0, t.start)) {
         return absl::StrFormat("its RELOAD of %s on stage %d ends at %.6g, within the margin "
-                               "before its B at %.6g", OpToString(t.op), t.stage, it->second,
-                               t.start);
+                               "before its B at %.6g", OpToString(t.op), t.stage, end, t.start);
       }
     }
   }
+  *predictions = std::move(simulated->predictions);
   return "";
 }
 
@@ -344,6 +354,53 @@ bool Better(const Predictions& a, const Predictions& b) {
   };
   if (peaks(a) != peaks(b)) return peaks(a) < peaks(b);
   return a.step_time < b.step_time * (1.0 - kStallTolerance);
+}
+
+// A plan that passed Check: its program, its predictions and its shortfall warning ("" when it
+// carries all that was asked).
+struct Candidate {
+  Schedule planned;
+  Predictions predictions;
+  std::string shortfall;
+};
+
+// Plans `share` on `lowered` (timeline `times`; gated when `copies` is not null), emits and
+// checks the plan: "" with *out set when it passes, else what is wrong. The plan itself is
+// freed before the check's simulation.
+std::string PlanAndCheck(const Schedule& lowered, const CostModel& cost, const Timeline& times,
+                         const Predictions& base, double share,
+                         const std::vector<std::vector<GatedCopy>>* copies,
+                         const std::vector<GatedBarrier>* gated_barriers,
+                         std::optional<Candidate>* out) {
+  PipelinePlan plan = MakePlan(lowered, cost, times, share, copies, gated_barriers);
+  if (!plan.ok) return "it finds no RELOAD for a gated entry";
+  Schedule planned = Emit(lowered, plan);
+  plan.groups = {};  // the working state; ShortfallWarning needs only what is left
+  Predictions predictions;
+  std::string problem = Check(planned, cost, base, &predictions);
+  if (!problem.empty()) return problem;
+  std::string shortfall = internal::ShortfallWarning(lowered.spec, cost, plan,
+                                                     predictions.step_time, base.step_time);
+  *out = Candidate{std::move(planned), std::move(predictions), std::move(shortfall)};
+  return "";
+}
+
+// The gated candidate (GatedWarmup, then PlanAndCheck on its timeline), or nullopt when no
+// warm-up is worth gating or its plan fails the check. Its timeline is freed on return.
+std::optional<Candidate> GatedCandidate(const Schedule& lowered, const CostModel& cost,
+                                        const Timeline& times, const Predictions& base,
+                                        double share) {
+  Schedule gated_lowered;
+  Timeline gated_times;
+  std::vector<std::vector<GatedCopy>> copies;
+  std::vector<GatedBarrier> gated_barriers;
+  if (!internal::GatedWarmup(lowered, cost, times, base, share, &gated_lowered, &gated_times,
+                             &copies, &gated_barriers)) {
+    return std::nullopt;
+  }
+  std::optional<Candidate> gated;
+  PlanAndCheck(gated_lowered, cost, gated_times, base, share, &copies, &gated_barriers, &gated);
+  return gated;
 }
 
 // PlanOffload and PlanOffloadOfLowered. With `input_validated`, `lowered_in` is known to pass
@@ -388,8 +445,11 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
     // Zero-time ops can tie so that no order by time keeps every consumer after its RECV;
     // plan the lowered order then (its BARRIERs may not come out deadlock-free: Check says).
     lowered = lowered_in;
-    posted_times.stages = baseline->stages;
+    posted_times.stages = std::move(baseline->stages);
   }
+  // From here on only the baseline's predictions are needed: free its op times and samples.
+  baseline->stages = {};
+  baseline->memory = {};
   const Predictions& base = baseline->predictions;
 
   // Plan two ways and keep the better plan that passes its check by simulation: on the lowered
@@ -397,67 +457,48 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
   // before them (GatedWarmup), which the links of a group can carry when the plain warm-up
   // produces activations faster than that. Should no plan pass (a bug here, or a simulator
   // whose semantics moved), plan again with a smaller share of what the policy asks (the empty
-  // plan is the lowered schedule itself, which always passes).
+  // plan is the lowered schedule itself, which always passes). Each candidate keeps only its
+  // program, its predictions and its shortfall warning: a plan's working state is freed as soon
+  // as it is emitted, so at most one is alive at a time (bounded memory, issue 15).
   std::vector<std::string> warnings;
-  PipelinePlan plan;
-  Schedule planned;
-  Timeline timeline;
+  std::optional<Candidate> kept;
   for (const double share : {1.0, 0.5, 0.25, 0.0}) {
     if (share == 0.0) {
       PO_RETURN_IF_ERROR(validated_input());
-      plan = MakePlan(lowered, cost, posted_times, share, nullptr, nullptr);
-      planned = lowered_in;
-      timeline = *baseline;
+      const PipelinePlan plan = MakePlan(lowered, cost, posted_times, share, nullptr, nullptr);
+      kept = Candidate{lowered_in, base,
+                       internal::ShortfallWarning(spec, cost, plan, base.step_time,
+                                                  base.step_time)};
       break;
     }
     // The gated plan first: when it keeps every stage at two entries or fewer, the plain one
     // cannot do better by more than an entry on a stage, and planning it costs as much again.
-    bool found = false;
-    Schedule gated_lowered;
-    Timeline gated_times;
-    std::vector<std::vector<GatedCopy>> copies;
-    std::vector<GatedBarrier> gated_barriers;
-    if (internal::GatedWarmup(lowered, cost, posted_times, base, share, &gated_lowered,
-                              &gated_times, &copies, &gated_barriers)) {
-      PipelinePlan gated_plan =
-          MakePlan(gated_lowered, cost, gated_times, share, &copies, &gated_barriers);
-      if (gated_plan.ok) {
-        Schedule gated_planned = Emit(gated_lowered, gated_plan);
-        Timeline gated_timeline;
-        if (Check(gated_planned, cost, base, &gated_timeline).empty()) {
-          plan = std::move(gated_plan);
-          planned = std::move(gated_planned);
-          timeline = std::move(gated_timeline);
-          found = true;
-        }
-      }
+    std::optional<Candidate> gated = GatedCandidate(lowered, cost, posted_times, base, share);
+    if (gated && AtMostTwoEntries(lowered, cost, gated->predictions)) {
+      kept = std::move(gated);
+      break;
     }
-    if (found && AtMostTwoEntries(lowered, cost, timeline.predictions)) break;
-    PipelinePlan plain_plan = MakePlan(lowered, cost, posted_times, share, nullptr, nullptr);
-    Schedule plain_planned = Emit(lowered, plain_plan);
-    Timeline plain_timeline;
-    const std::string problem = Check(plain_planned, cost, base, &plain_timeline);
-    if (problem.empty() && (!found || Better(plain_timeline.predictions, timeline.predictions))) {
-      plan = std::move(plain_plan);
-      planned = std::move(plain_planned);
-      timeline = std::move(plain_timeline);
-      found = true;
+    std::optional<Candidate> plain;
+    const std::string problem = PlanAndCheck(lowered, cost, posted_times, base, share, nullptr,
+                                             nullptr, &plain);
+    if (plain && (!gated || Better(plain->predictions, gated->predictions))) {
+      kept = std::move(plain);
+    } else if (gated) {
+      kept = std::move(gated);
     }
-    if (found) break;
+    if (kept) break;
     warnings.push_back(absl::StrCat(
         "offload ", PolicyName(spec), ": internal check failed: the plan for ",
         absl::StrFormat("%.0f%%", 100 * share), " of the request ", problem,
         "; planning less offload. Please report this."));
   }
 
-  const double step = timeline.predictions.step_time;
-  const std::string shortfall =
-      internal::ShortfallWarning(spec, cost, plan, step, base.step_time);
-  if (!shortfall.empty()) warnings.insert(warnings.begin(), shortfall);
+  if (!kept->shortfall.empty()) warnings.insert(warnings.begin(), kept->shortfall);
   if (spec.strict && !warnings.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("strict offload: ", warnings.front()));
   }
-  planned.predictions = timeline.predictions;
+  Schedule planned = std::move(kept->planned);
+  planned.predictions = std::move(kept->predictions);
   if (internal::HasTransfers(planned)) {
     PO_ASSIGN_OR_RETURN(planned.predictions->step_time_without_offload,
                         internal::StepTimeWithoutTransfers(planned, cost));

@@ -350,15 +350,27 @@ class StagePlan {
   // The final program: baseline ops with the committed entries' ops and `barriers` inserted in
   // key order.
   StageProgram Emit(const std::vector<InsertedOp>& barriers) const {
-    std::vector<std::vector<const InsertedOp*>> extra(gaps_.size());
-    for (const InsertedOp& barrier : barriers) extra[barrier.key.gap].push_back(&barrier);
+    // The barriers by gap, in their given order within one (a vector per gap would cost an
+    // allocation per op of the program).
+    std::vector<const InsertedOp*> by_gap;
+    by_gap.reserve(barriers.size());
+    for (const InsertedOp& barrier : barriers) by_gap.push_back(&barrier);
+    std::stable_sort(by_gap.begin(), by_gap.end(), [](const InsertedOp* a, const InsertedOp* b) {
+      return a->key.gap < b->key.gap;
+    });
     StageProgram program;
     program.stage = stage_;
+    std::size_t inserted = barriers.size();
+    for (const std::vector<InsertedOp>& gap : gaps_) inserted += gap.size();
+    program.ops.reserve(ops_.size() + inserted);
     std::vector<const InsertedOp*> gap_ops;
+    std::size_t next = 0;
     for (int j = 0; j <= num_ops(); ++j) {
       gap_ops.clear();
       for (const InsertedOp& ins : gaps_[j]) gap_ops.push_back(&ins);
-      gap_ops.insert(gap_ops.end(), extra[j].begin(), extra[j].end());
+      for (; next < by_gap.size() && by_gap[next]->key.gap == j; ++next) {
+        gap_ops.push_back(by_gap[next]);
+      }
       std::sort(gap_ops.begin(), gap_ops.end(),
                 [](const InsertedOp* a, const InsertedOp* b) { return a->key < b->key; });
       for (const InsertedOp* ins : gap_ops) program.ops.push_back(ins->op);

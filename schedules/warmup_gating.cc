@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/sim/simulate_parts.h"
 #include "schedules/offload_policy.h"
 
 namespace pipeoffload::internal {
@@ -239,7 +240,9 @@ bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predicti
   free_reloads.h2d_bandwidth = 1e300;
   free_reloads.duplex_bandwidth = 1e300;
   free_reloads.shared_copy_engine = false;  // nor do they wait for the D2H engine
-  const absl::StatusOr<Timeline> simulated = Simulate(program, free_reloads);
+  // SimulateOnce: only the step time and the op times are used here, so the second simulation
+  // Simulate would run for step_time_without_offload is not needed.
+  const absl::StatusOr<Timeline> simulated = SimulateOnce(program, free_reloads);
   if (!simulated.ok() ||
       simulated->predictions.step_time > base.step_time * (1.0 + kOverheadBudget)) {
     return false;
