@@ -17,6 +17,7 @@
 
 #include "examples/gpt/cuda/gpt_cuda_chunk.h"
 #include "examples/gpt/cuda/gpt_layer_stack.h"
+#include "examples/gpt/cuda/kernels_cuda.h"
 #include "examples/gpt/cuda/linear.h"
 #include "examples/gpt/gpt_chunk.h"
 #include "examples/gpt/gpt_data.h"
@@ -369,7 +370,9 @@ TEST_CASE("Layer stack shapes: sizes, FLOPs and errors", "[gpt_cuda][gpt_cuda_st
   CHECK(bad([](LayerStackShape& x) { x.heads = 7; }) == absl::StatusCode::kInvalidArgument);
   CHECK(bad([](LayerStackShape& x) { x.heads = 128; }) == absl::StatusCode::kInvalidArgument);
   CHECK(bad([](LayerStackShape& x) { x.seq = 0; }) == absl::StatusCode::kInvalidArgument);
-  CHECK(bad([](LayerStackShape& x) { x.seq = 100000; }) == absl::StatusCode::kInvalidArgument);
+  CHECK(bad([](LayerStackShape& x) { x.seq = kMaxAttentionT + 8; }) ==
+        absl::StatusCode::kInvalidArgument);  // the flash kernel's limit
+  CHECK(bad([](LayerStackShape& x) { x.seq = 100; }) == absl::StatusCode::kInvalidArgument);
   CHECK(bad([](LayerStackShape& x) { x.layers_per_chunk = 0; }) ==
         absl::StatusCode::kInvalidArgument);
   CHECK(bad([](LayerStackShape& x) { x.chunks_per_stage = 0; }) ==
