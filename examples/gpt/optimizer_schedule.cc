@@ -38,6 +38,8 @@ std::string DescribeLearningRate(const AdamWConfig& config) {
                     " at step ", config.decay_steps);
   } else if (config.decay_steps == 0) {
     absl::StrAppend(&text, ", then constant");
+  } else if (config.decay_steps == config.warmup_steps) {  // the run is the warm-up
+    absl::StrAppend(&text, " over the whole ", config.decay_steps, "-step run");
   } else {  // decay_steps, the run's length, ends within the warm-up
     absl::StrAppend(&text, " (longer than this ", config.decay_steps, "-step run, which ends at ",
                     static_cast<double>(LearningRateAt(config, config.decay_steps)), ")");

@@ -348,6 +348,10 @@ TEST_CASE("the learning-rate schedule and clipping flags: defaults and overrides
   CHECK(o->config.optimizer.warmup_steps == kDefaultWarmupSteps);
   CHECK(DescribeLearningRate(o->config.optimizer) ==
         "warm-up 100 steps to 0.003 (longer than this 12-step run, which ends at 0.00036)");
+  o = Parse({"--steps", "100"});
+  REQUIRE(o.ok());
+  CHECK(DescribeLearningRate(o->config.optimizer) ==
+        "warm-up 100 steps to 0.003 over the whole 100-step run");
 
   o = Parse({"--steps", "50", "--warmup-steps", "5", "--lr-min", "1e-4", "--clip-norm", "0.5"});
   REQUIRE(o.ok());
