@@ -12,6 +12,7 @@
 #include "pipeoffload/backend.h"
 #include "pipeoffload/memory.h"
 #include "tests/backend/gated_backend.h"
+#include "tests/memory/stash_rig.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
@@ -26,24 +27,10 @@ constexpr std::int64_t kAligned = 1024;
 
 struct GatedFixture {
   explicit GatedFixture(std::int64_t budget_bytes, const ActivationStashOptions& stash_options = {},
-                        const CpuBackendOptions& backend_options = {}, int host_slots = 8) {
-    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend(backend_options);
-    REQUIRE(created.ok());
-    cpu = std::move(*created);
-    gated = std::make_unique<GatedBackend>(*cpu);
-    DeviceArenaOptions arena_options;
-    arena_options.budget_bytes = budget_bytes;
-    arena_options.poison_on_free = true;
-    absl::StatusOr<std::unique_ptr<DeviceArena>> made_arena =
-        DeviceArena::Create(*gated, arena_options);
-    REQUIRE(made_arena.ok());
-    arena = std::move(*made_arena);
-    absl::StatusOr<std::unique_ptr<HostPool>> made_pool =
-        HostPool::Create(*gated, {{kBytes, host_slots}});
-    REQUIRE(made_pool.ok());
-    pool = std::move(*made_pool);
-    stash = std::make_unique<ActivationStash>(*gated, *arena, *pool, stash_options);
-  }
+                        const CpuBackendOptions& backend_options = {}, int host_slots = 8)
+      : cpu(testing::RequireCpuBackend(backend_options)),
+        gated(std::make_unique<GatedBackend>(*cpu)),
+        rig(*gated, budget_bytes, kBytes, host_slots, stash_options) {}
   ~GatedFixture() {
     gated->Open();  // nothing may stay held when the stash tears down
     stash.reset();
@@ -53,9 +40,10 @@ struct GatedFixture {
 
   std::unique_ptr<Backend> cpu;
   std::unique_ptr<GatedBackend> gated;
-  std::unique_ptr<DeviceArena> arena;
-  std::unique_ptr<HostPool> pool;
-  std::unique_ptr<ActivationStash> stash;
+  testing::StashRig rig;
+  std::unique_ptr<DeviceArena>& arena = rig.arena;
+  std::unique_ptr<HostPool>& pool = rig.pool;
+  std::unique_ptr<ActivationStash>& stash = rig.stash;
 };
 
 std::vector<unsigned char> Pattern(int seed) {

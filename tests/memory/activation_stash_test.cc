@@ -8,6 +8,7 @@
 
 #include "pipeoffload/backend.h"
 #include "pipeoffload/memory.h"
+#include "tests/memory/stash_rig.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
@@ -18,29 +19,15 @@ constexpr std::int64_t kBytes = 1000;
 
 struct Fixture {
   explicit Fixture(const CpuBackendOptions& backend_options = {},
-                   const ActivationStashOptions& stash_options = {}) {
-    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend(backend_options);
-    REQUIRE(created.ok());
-    backend = std::move(*created);
-    DeviceArenaOptions arena_options;
-    arena_options.budget_bytes = 1 << 16;
-    arena_options.poison_on_free = true;
-    absl::StatusOr<std::unique_ptr<DeviceArena>> made_arena =
-        DeviceArena::Create(*backend, arena_options);
-    REQUIRE(made_arena.ok());
-    arena = std::move(*made_arena);
-    absl::StatusOr<std::unique_ptr<HostPool>> made_pool =
-        HostPool::Create(*backend, {{kBytes, 2}});
-    REQUIRE(made_pool.ok());
-    pool = std::move(*made_pool);
-    stash = std::make_unique<ActivationStash>(*backend, *arena, *pool, stash_options);
-  }
-  ~Fixture() { stash.reset(); }
+                   const ActivationStashOptions& stash_options = {})
+      : backend(testing::RequireCpuBackend(backend_options)),
+        rig(*backend, 1 << 16, kBytes, 2, stash_options) {}
 
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<DeviceArena> arena;
-  std::unique_ptr<HostPool> pool;
-  std::unique_ptr<ActivationStash> stash;
+  testing::StashRig rig;
+  std::unique_ptr<DeviceArena>& arena = rig.arena;
+  std::unique_ptr<HostPool>& pool = rig.pool;
+  std::unique_ptr<ActivationStash>& stash = rig.stash;
 };
 
 enum class Action { kCreate, kRead, kStartOffload, kFinishOffload, kStartReload, kOrderReload,

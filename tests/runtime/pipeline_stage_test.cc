@@ -17,6 +17,7 @@
 #include "pipeoffload/pipeline.h"
 #include "pipeoffload/schedule_io.h"
 #include "tests/runtime/toy_model.h"
+#include "tests/runtime/toy_stage_options.h"
 #include "tests/testing/catch.h"
 #include "tests/testing/schedule_builders.h"
 
@@ -28,9 +29,7 @@ using testing::ToyGrads;
 using testing::ToyReference;
 using testing::ToyStageModel;
 
-constexpr int kWidth = 16;
-constexpr int kExtraWords = 8;  // chunk c saves 8 * (c + 1) more words: chunks differ in size
-constexpr double kTimeout = 30.0;
+constexpr double kTimeout = testing::kToyStageTimeout;
 
 // The toy model, recording every call the executor makes.
 class RecordingModel final : public StageModel {
@@ -66,18 +65,8 @@ PipelineSpec Spec(Family family, int p, int m, int v, OffloadPolicy offload) {
   return testing::MakeSpec(family, p, m, v, 0, false, offload);
 }
 
-ToyConfig Config(const PipelineSpec& spec) {
-  return ToyConfig{spec.num_stages, spec.chunks_per_stage, spec.num_microbatches, kWidth,
-                   kExtraWords};
-}
-
-StageOptions Options(const PipelineSpec& spec) {
-  StageOptions options;
-  options.spec = spec;
-  options.executor.wait_timeout_seconds = kTimeout;
-  options.poison_on_free = true;  // a read after release shows up as DataLoss
-  return options;
-}
+ToyConfig Config(const PipelineSpec& spec) { return testing::ToyStageConfig(spec); }
+StageOptions Options(const PipelineSpec& spec) { return testing::ToyStageOptions(spec); }
 
 // What one stage's thread saw.
 struct StageRun {
@@ -186,7 +175,7 @@ TEST_CASE("1f1b and po-f: calls in the schedule's order, bytes exactly as predic
         CHECK(stats.host_high_water_bytes == predicted.host_bytes);
         // The P2P plan: live blocks never above the analysed peak the arena reserved.
         CHECK(stats.p2p_high_water_bytes > 0);
-        CHECK(stats.p2p_high_water_bytes <= run.need.p2p_blocks * 4 * kWidth);
+        CHECK(stats.p2p_high_water_bytes <= run.need.p2p_blocks * 4 * testing::kToyStageWidth);
         CHECK(stats.stash_physical_high_water_bytes <= run.need.budget_bytes);
       }
       // Every offload and reload went through the backend's copy queues, once per iteration.
@@ -328,7 +317,7 @@ TEST_CASE("a stage model whose stash size differs from the given costs is refuse
   const ToyConfig config = Config(spec);
   const std::int64_t saved = ToyStageModel(config, 0).SavedBytes(0, false);
   CostModel given = UnitCostModel(0.25);
-  given.boundary_bytes = 4 * kWidth;
+  given.boundary_bytes = 4 * testing::kToyStageWidth;
   given.activation_bytes_per_virtual_stage = {saved, saved + 4};  // stage 1's is wrong
   const std::vector<StageRun> runs = RunStages(
       config,

@@ -275,10 +275,13 @@ TEST_CASE("arena need: the aligned stash walk plus the P2P plan's peak, then the
     std::int64_t now = 0;
     std::int64_t peak = 0;
     for (const Op& op : program.ops) {
+      const bool adds = op.kind == OpKind::kForward || op.kind == OpKind::kReload;
+      const bool drops = op.kind == OpKind::kRelease || op.kind == OpKind::kBackward;
+      // Only these ops name a chunk: a BARRIER's is -1 (ASan found the read before the array).
+      if (!adds && !drops) continue;
       const std::int64_t entry =
           aligned(sizes.saved_bytes[static_cast<std::size_t>(op.chunk * 4 + d)]);
-      if (op.kind == OpKind::kForward || op.kind == OpKind::kReload) now += entry;
-      if (op.kind == OpKind::kRelease || op.kind == OpKind::kBackward) now -= entry;
+      now += adds ? entry : -entry;
       peak = std::max(peak, now);
     }
     const P2PLifetimes& lifetimes = (*p2p)[static_cast<std::size_t>(d)];
