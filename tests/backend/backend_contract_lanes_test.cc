@@ -69,29 +69,19 @@ TEST_CASE("contract: bytes round-trip through extra H2D, compute and D2H lanes o
   setup.max_random_delay_seconds = 0.005;
   setup.seed = seed;
   auto backend = Make(setup);
-  const Queue h2d = NewQueue(*backend, QueueKind::kH2D);
-  const Queue compute = NewQueue(*backend, QueueKind::kCompute);
-  const Queue d2h = NewQueue(*backend, QueueKind::kD2H);
+  const RoundTrip trip =
+      NewRoundTrip(*backend, NewQueue(*backend, QueueKind::kH2D),
+                   NewQueue(*backend, QueueKind::kCompute), NewQueue(*backend, QueueKind::kD2H));
   Block source(*backend, kSize, /*host=*/true);
   Block result(*backend, kSize, /*host=*/true);
   Block device_a(*backend, kSize, /*host=*/false);
   Block device_b(*backend, kSize, /*host=*/false);
-  const Event uploaded = NewEvent(*backend);
-  const Event moved = NewEvent(*backend);
-  const Event downloaded = NewEvent(*backend);
   for (int round = 0; round < 5; ++round) {
     CAPTURE(round);
     const std::vector<unsigned char> data = RandomBytes(kSize, seed * 10 + round);
     std::memcpy(source.get(), data.data(), data.size());
-    REQUIRE(backend->CopyAsync(h2d, device_a.get(), source.get(), kSize).ok());
-    REQUIRE(backend->RecordEvent(uploaded, h2d).ok());
-    REQUIRE(backend->QueueWaitEvent(compute, uploaded).ok());
-    REQUIRE(backend->CopyAsync(compute, device_b.get(), device_a.get(), kSize).ok());
-    REQUIRE(backend->RecordEvent(moved, compute).ok());
-    REQUIRE(backend->QueueWaitEvent(d2h, moved).ok());
-    REQUIRE(backend->CopyAsync(d2h, result.get(), device_b.get(), kSize).ok());
-    REQUIRE(backend->RecordEvent(downloaded, d2h).ok());
-    REQUIRE(backend->WaitEvent(downloaded, 60.0).ok());
+    RunRoundTrip(*backend, trip, source.get(), device_a.get(), device_b.get(), result.get(),
+                 kSize);
     CHECK(std::memcmp(result.get(), data.data(), data.size()) == 0);
   }
   const BackendStats stats = backend->Stats();

@@ -88,21 +88,10 @@ TEST_CASE("contract: copies round-trip bytes exactly through H2D, compute and D2
   std::memcpy(source.get(), data.data(), data.size());
   std::memset(result.get(), 0xCD, static_cast<std::size_t>(size + kGuard));
 
-  const Queue h2d = backend->queue(QueueKind::kH2D);
-  const Queue compute = backend->queue(QueueKind::kCompute);
-  const Queue d2h = backend->queue(QueueKind::kD2H);
-  const Event uploaded = NewEvent(*backend);
-  const Event moved = NewEvent(*backend);
-  const Event downloaded = NewEvent(*backend);
-  REQUIRE(backend->CopyAsync(h2d, device_a.get(), source.get(), size).ok());
-  REQUIRE(backend->RecordEvent(uploaded, h2d).ok());
-  REQUIRE(backend->QueueWaitEvent(compute, uploaded).ok());
-  REQUIRE(backend->CopyAsync(compute, device_b.get(), device_a.get(), size).ok());
-  REQUIRE(backend->RecordEvent(moved, compute).ok());
-  REQUIRE(backend->QueueWaitEvent(d2h, moved).ok());
-  REQUIRE(backend->CopyAsync(d2h, result.get(), device_b.get(), size).ok());
-  REQUIRE(backend->RecordEvent(downloaded, d2h).ok());
-  REQUIRE(backend->WaitEvent(downloaded, 60.0).ok());
+  const RoundTrip trip =
+      NewRoundTrip(*backend, backend->queue(QueueKind::kH2D),
+                   backend->queue(QueueKind::kCompute), backend->queue(QueueKind::kD2H));
+  RunRoundTrip(*backend, trip, source.get(), device_a.get(), device_b.get(), result.get(), size);
 
   CHECK(std::memcmp(result.get(), data.data(), data.size()) == 0);
   int guard_intact = 0;

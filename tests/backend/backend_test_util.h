@@ -38,6 +38,31 @@ inline void Drain(Backend& backend, QueueKind kind, double timeout_seconds = 60.
   backend.DestroyEvent(event);
 }
 
+// The three queues of a round trip host -> device -> device -> host, and the events that
+// order its steps (created once, reused round after round).
+struct RoundTrip {
+  Queue h2d, compute, d2h;
+  Event uploaded, moved, downloaded;
+};
+inline RoundTrip NewRoundTrip(Backend& backend, Queue h2d, Queue compute, Queue d2h) {
+  return RoundTrip{h2d, compute, d2h, NewEvent(backend), NewEvent(backend), NewEvent(backend)};
+}
+// Copies `bytes` from host `source` to device `device_a` on h2d, then to `device_b` on compute,
+// then to host `result` on d2h, each step ordered after the previous only by an event, and waits
+// for the last: `result` holds `source` exactly when every queue wait did its job.
+inline void RunRoundTrip(Backend& backend, const RoundTrip& trip, const void* source,
+                         void* device_a, void* device_b, void* result, std::int64_t bytes) {
+  REQUIRE(backend.CopyAsync(trip.h2d, device_a, source, bytes).ok());
+  REQUIRE(backend.RecordEvent(trip.uploaded, trip.h2d).ok());
+  REQUIRE(backend.QueueWaitEvent(trip.compute, trip.uploaded).ok());
+  REQUIRE(backend.CopyAsync(trip.compute, device_b, device_a, bytes).ok());
+  REQUIRE(backend.RecordEvent(trip.moved, trip.compute).ok());
+  REQUIRE(backend.QueueWaitEvent(trip.d2h, trip.moved).ok());
+  REQUIRE(backend.CopyAsync(trip.d2h, result, device_b, bytes).ok());
+  REQUIRE(backend.RecordEvent(trip.downloaded, trip.d2h).ok());
+  REQUIRE(backend.WaitEvent(trip.downloaded, 60.0).ok());
+}
+
 // The completion time of each event (REQUIREs that each has completed).
 inline std::vector<double> EventTimes(Backend& backend, const std::vector<Event>& events) {
   std::vector<double> times;
