@@ -31,7 +31,6 @@
 #include <cstring>
 #include <iterator>
 #include <map>
-#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -43,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
+#include "lib/optim/backend_owners.h"
 #include "lib/optim/offload_device_ops.h"
 #include "lib/optim/offload_plan.h"
 #include "lib/optim/update_model.h"
@@ -51,8 +51,10 @@
 namespace pipeoffload {
 namespace {
 
+using internal::BackendArray;
 using internal::OffloadDeviceOps;
 using internal::OffloadPlan;
+using internal::OwnedEvent;
 
 static_assert(internal::kPlanSumBlock == 8192, "plan and OffloadDeviceOps::PartialsFor disagree");
 
@@ -70,70 +72,6 @@ void ParallelFor(std::int64_t count, Fn fn) {
   fn(0, std::min(count, per));
   for (std::thread& worker : workers) worker.join();
 }
-
-// `count` T of backend memory (host: AllocateHost, else AllocateDevice), freed with the object;
-// empty for count 0.
-template <typename T>
-class BackendArray {
- public:
-  BackendArray() = default;
-  BackendArray(const BackendArray&) = delete;
-  BackendArray& operator=(const BackendArray&) = delete;
-  ~BackendArray() {
-    if (data_ == nullptr) return;
-    host_ ? backend_->FreeHost(data_) : backend_->FreeDevice(data_);
-  }
-
-  // Errors: the backend's (ResourceExhausted when out of memory), naming `what` and the bytes.
-  [[nodiscard]] absl::Status Allocate(Backend& backend, bool host, std::int64_t count,
-                                      const char* what) {
-    if (count <= 0) return absl::OkStatus();
-    const std::int64_t bytes = count * static_cast<std::int64_t>(sizeof(T));
-    absl::StatusOr<void*> ptr = host ? backend.AllocateHost(bytes) : backend.AllocateDevice(bytes);
-    if (!ptr.ok()) {
-      return Annotate(ptr.status(),
-                      absl::StrCat("optimizer offload: cannot allocate ", bytes, " bytes (",
-                                   internal::FormatBytes(static_cast<double>(bytes)), ") of ",
-                                   host ? "host" : "device", " memory for ", what));
-    }
-    backend_ = &backend;
-    host_ = host;
-    data_ = static_cast<T*>(*ptr);
-    count_ = count;
-    return absl::OkStatus();
-  }
-
-  T* get() const { return data_; }
-  std::int64_t count() const { return count_; }
-
- private:
-  Backend* backend_ = nullptr;
-  bool host_ = false;
-  T* data_ = nullptr;
-  std::int64_t count_ = 0;
-};
-
-// An event of the backend, destroyed with the object (the backend allows pending work).
-class OwnedEvent {
- public:
-  OwnedEvent() = default;
-  OwnedEvent(const OwnedEvent&) = delete;
-  OwnedEvent& operator=(const OwnedEvent&) = delete;
-  ~OwnedEvent() {
-    if (backend_ != nullptr) backend_->DestroyEvent(*event_);
-  }
-  [[nodiscard]] absl::Status Create(Backend& backend) {
-    PO_ASSIGN_OR_RETURN(const Event event, backend.CreateEvent());
-    backend_ = &backend;
-    event_.emplace(event);
-    return absl::OkStatus();
-  }
-  Event get() const { return *event_; }
-
- private:
-  Backend* backend_ = nullptr;
-  std::optional<Event> event_;
-};
 
 class OptimizerOffloadImpl final : public OptimizerOffload {
  public:
@@ -172,7 +110,8 @@ class OptimizerOffloadImpl final : public OptimizerOffload {
  private:
   template <typename T>
   absl::Status Alloc(BackendArray<T>& array, bool host, std::int64_t count, const char* what) {
-    PO_RETURN_IF_ERROR(array.Allocate(backend_, host, count, what));
+    PO_RETURN_IF_ERROR(
+        Annotate(array.Allocate(backend_, host, count, what), "optimizer offload"));
     if (count > 0) ++allocations_;
     return absl::OkStatus();
   }

@@ -3,7 +3,9 @@
 // here, in order, and the events it records read as pending (QueryEvent false; WaitEvent
 // blocks until the gate opens or the timeout expires). Open() hands the held work to the
 // wrapped backend, whose copy engine then runs it as usual. This makes "the D2H copy is still
-// in flight" a deterministic state instead of a matter of timing.
+// in flight" a deterministic state instead of a matter of timing. It also counts the blocks and
+// events alive through it and can fail allocations on request (FailAllocationsAfter), for leak
+// checks on every error path of a caller that allocates from the backend directly.
 //
 // Limitation (kept simple on purpose): a queue wait of the H2D queue on an event held behind
 // the gate is refused with FailedPrecondition; open the gate before such a wait.
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "pipeoffload/backend.h"
 
 namespace pipeoffload::testing {
@@ -38,6 +41,7 @@ class GatedBackend final : public Backend {
     return inner_.DeviceMemoryIsHostAccessible();
   }
   absl::StatusOr<void*> AllocateDevice(std::int64_t bytes) override {
+    if (absl::Status injected = InjectedFailure(bytes, "device"); !injected.ok()) return injected;
     absl::StatusOr<void*> ptr = inner_.AllocateDevice(bytes);
     if (ptr.ok()) ++live_device_blocks_;
     return ptr;
@@ -47,6 +51,7 @@ class GatedBackend final : public Backend {
     inner_.FreeDevice(ptr);
   }
   absl::StatusOr<void*> AllocateHost(std::int64_t bytes) override {
+    if (absl::Status injected = InjectedFailure(bytes, "host"); !injected.ok()) return injected;
     absl::StatusOr<void*> ptr = inner_.AllocateHost(bytes);
     if (ptr.ok()) ++live_host_blocks_;
     return ptr;
@@ -59,11 +64,24 @@ class GatedBackend final : public Backend {
   // allocate from the backend directly).
   int live_device_blocks() const { return live_device_blocks_; }
   int live_host_blocks() const { return live_host_blocks_; }
+  // Events created through this backend and not destroyed yet.
+  int live_events() const { return live_events_; }
+  // Once `successes` more allocations (device or host) have succeeded, every further one fails
+  // with ResourceExhausted, as a full device would, so a test can fail each allocation of a
+  // caller in turn and check its error path; -1 (the default): none fails.
+  void FailAllocationsAfter(int successes) { allocations_left_ = successes; }
   absl::Status CopyAsync(Queue queue, void* dst, const void* src, std::int64_t bytes) override;
   absl::Status FillAsync(Queue queue, void* dst, std::uint32_t pattern,
                          std::int64_t bytes) override;
-  absl::StatusOr<Event> CreateEvent() override { return inner_.CreateEvent(); }
-  void DestroyEvent(Event event) override { inner_.DestroyEvent(event); }
+  absl::StatusOr<Event> CreateEvent() override {
+    absl::StatusOr<Event> event = inner_.CreateEvent();
+    if (event.ok()) ++live_events_;
+    return event;
+  }
+  void DestroyEvent(Event event) override {
+    --live_events_;
+    inner_.DestroyEvent(event);
+  }
   absl::Status RecordEvent(Event event, Queue queue) override;
   absl::Status QueueWaitEvent(Queue queue, Event event) override;
   absl::StatusOr<bool> QueryEvent(Event event) override;
@@ -79,6 +97,16 @@ class GatedBackend final : public Backend {
   // Holds `task` when `queue` is the D2H queue and the gate is closed; returns whether it did.
   bool MaybeHold(QueueKind kind, std::function<absl::Status()> task);
   bool IsHeld(Event event) const;
+  // FailAllocationsAfter's budget: OK (and one fewer left) or the injected failure.
+  absl::Status InjectedFailure(std::int64_t bytes, const char* what) {
+    if (allocations_left_ < 0) return absl::OkStatus();
+    if (allocations_left_ > 0) {
+      --allocations_left_;
+      return absl::OkStatus();
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "gated backend: injected failure allocating ", bytes, " bytes of ", what, " memory"));
+  }
 
   Backend& inner_;
   mutable std::mutex mu_;
@@ -88,6 +116,8 @@ class GatedBackend final : public Backend {
   std::set<std::int64_t> held_events_;               // ids recorded by held work
   std::atomic<int> live_device_blocks_{0};
   std::atomic<int> live_host_blocks_{0};
+  std::atomic<int> live_events_{0};
+  std::atomic<int> allocations_left_{-1};
 };
 
 }  // namespace pipeoffload::testing

@@ -5,8 +5,9 @@
 //                   --share-step plus the model's best r
 //   static s        TwinFlow style: the last s of the subgroups live on the GPU for good
 //   gpu             everything on the GPU (when it fits)
-// Steps: 1. calibrate the model's rates (lib/optim/cuda/calibrate.h); 2. run optimizer steps on
-// synthetic bf16 gradients (AddGradients of the whole range, WaitForGradients, then Step) and
+// Steps: 1. calibrate the model's rates on the engines' CUDA backend
+// (lib/optim/update_calibration.h); 2. run optimizer steps on synthetic bf16 gradients
+// (AddGradients of the whole range, WaitForGradients, then Step) and
 // report per configuration the median update phase (OptimizerStepStats::update_seconds) of
 // --steps steps after --warmup, GPU memory and PCIe GB/s. Steps run in rounds (one step of each
 // configuration per round), so slow phases of a shared host hit all configurations alike.
@@ -39,7 +40,7 @@
 
 #include "bench/optim/bench_flags.h"
 #include "lib/backend/cuda/cuda_check.h"
-#include "lib/optim/cuda/calibrate.h"
+#include "lib/optim/update_calibration.h"
 #include "lib/optim/update_model.h"
 #include "pipeoffload/cuda.h"
 #include "pipeoffload/optimizer_offload.h"
@@ -272,7 +273,7 @@ int Main(int argc, char** argv) {
   calibration.params = flags.calib_params;
   calibration.cpu.threads = flags.threads;
   const auto calib_start = std::chrono::steady_clock::now();
-  const absl::StatusOr<UpdateRates> rates = CalibrateUpdateRates(calibration);
+  const absl::StatusOr<UpdateRates> rates = CalibrateUpdateRates(**backend, calibration);
   Require(rates, "calibration");
   std::printf("Calibration (%.1f s, %lld params): %s\n\n",
               Seconds(calib_start, std::chrono::steady_clock::now()),
