@@ -1,5 +1,5 @@
-// Timings of the GPT kernels at the benchmark's sizes (hidden: gpt_kernels_gpu_tests
-// "[.gpt_kernels_bench]"). Device events around each launch, 3 warm-up runs, the median of 20;
+// Timings of the GPT kernels at the benchmark's sizes (bench/cuda/gpt_kernels_bench; filters
+// "[bench_memory]", "[bench_attention]"). Device events around each launch, 3 warm-up runs, the median of 20;
 // memory-bound kernels report the bytes they must move per microsecond (GB/s, against the H200's
 // ~4.8 TB/s), the attention its useful GEMM FLOP/s (the causal half of the T x T products).
 #include <cuda_runtime_api.h>
@@ -54,7 +54,7 @@ void ReportBandwidth(const char* what, double ms, double bytes) {
   std::printf("bench %-44s %9.1f us %8.0f GB/s\n", what, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
 }
 
-TEST_CASE("GPT kernel timings at h = 8192, T = 4096", "[.gpt_kernels_bench][bench_memory]") {
+TEST_CASE("GPT kernel timings at h = 8192, T = 4096", "[gpt_kernels_bench][bench_memory]") {
   constexpr int kN = 4096;
   constexpr int kC = 8192;
   constexpr int kV = 50304;
@@ -161,7 +161,7 @@ TEST_CASE("GPT kernel timings at h = 8192, T = 4096", "[.gpt_kernels_bench][benc
 
 // The GPT's attention (the flash kernel on the fused QKV layout) at the h = 8192 layer's heads.
 TEST_CASE("GPT attention timings at h = 8192 (NH = 64, hs = 128)",
-          "[.gpt_kernels_bench][bench_attention]") {
+          "[gpt_kernels_bench][bench_attention]") {
   for (const int T : {2048, 4096}) {
     const int C = 64 * 128;
     TestStream stream;
