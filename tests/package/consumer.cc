@@ -43,6 +43,9 @@ int main() {
     options.num_params = 1000;
     options.subgroup_size = 300;
     options.cpu.threads = 1;
+    // A rate whose first step moves 1.0 by more than bf16's spacing there (2^-8): with the
+    // default 1e-3 the bf16 parameters would round back to 1.0.
+    options.adam.learning_rate = 0.1f;
     const std::vector<float> initial(1000, 1.0f);
     std::vector<std::uint16_t> params(1000), grads(1000, 0x3F80);  // bf16 1.0
     auto engine = pipeoffload::OptimizerOffload::Create(**backend, options, initial, params);
