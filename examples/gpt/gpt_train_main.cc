@@ -212,6 +212,17 @@ int main(int argc, char** argv) {
     return ExitTogether(nullptr, Fail(who, kBuiltWithoutCuda, kExitFailed));
   }
 #endif
+  if (options.backend == TrainBackend::kCpu) {
+    // Under mpirun the host holds its local ranks' stages: about LOCAL_SIZE / SIZE of the model.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+    const double share = local != nullptr && world != nullptr && std::atoi(world) > 0
+                             ? std::min(1.0, std::atof(local) / std::atof(world))
+                             : 1.0;
+    if (absl::Status fits = CheckCpuHostMemory(options.config, share); !fits.ok()) {
+      return ExitTogether(nullptr, Fail(who, std::string(fits.message()), kExitFailed));
+    }
+  }
   TrainTransport transport = options.transport;
   if (transport == TrainTransport::kAuto) {
     // The CUDA GPT has no single-process reference: without mpirun it runs on one GPU.

@@ -97,6 +97,12 @@ using TrainStageFactory = std::function<absl::StatusOr<std::unique_ptr<TrainStag
 // bench/pipeline_bench: per layer and sequence 3 x (24 C^2 T + 4 T^2 C) (forward and a
 // backward of twice its cost, attention over full T x T scores), plus 3 x 2 T C V for the head;
 // times B sequences and m microbatches. Embedding lookups and normalizations are not counted.
+// Refuses, before anything is allocated, a CPU model whose fp32 state does not fit the host:
+// `share_of_model` of its parameters live in this host's processes (1 for --transport local and
+// the reference; the local ranks' share under mpirun). Errors: ResourceExhausted naming the GB
+// needed and available; OK when /proc/meminfo cannot be read (the allocation then tells).
+[[nodiscard]] absl::Status CheckCpuHostMemory(const GptConfig& config, double share_of_model);
+
 double ModelFlopsPerStep(const GptConfig& config);
 
 }  // namespace pipeoffload::gpt

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "examples/gpt/gpt_stage_model.h"
 #include "examples/gpt/train_stage.h"
+#include "absl/strings/str_format.h"
+#include "lib/base/host_memory_info.h"
 #include "lib/base/status_macros.h"
 
 namespace pipeoffload::gpt {
@@ -90,6 +92,24 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCpuTrainStage(const TrainOptio
   backend_options.queue_wait_timeout_seconds = options.watchdog_seconds;
   PO_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCpuBackend(backend_options));
   return std::unique_ptr<TrainStage>(new CpuTrainStage(std::move(backend), std::move(model)));
+}
+
+absl::Status CheckCpuHostMemory(const GptConfig& config, double share_of_model) {
+  std::int64_t params = 0;
+  for (const TensorSpec& tensor : GptTensorSpecs(config)) params += tensor.numel();
+  // fp32 parameters, gradients and AdamW's m and v: 16 B per parameter, the bulk of the CPU
+  // trainer's memory at any width where this check matters.
+  const double needed = 16.0 * static_cast<double>(params) * share_of_model;
+  const std::int64_t available = internal::AvailableHostMemoryBytes();
+  if (available < 0 || needed <= static_cast<double>(available)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the CPU model needs %.2f GB of host memory here (%.4g parameters%s, 16 B each for the fp32 "
+      "parameter, gradient and AdamW m, v) but %.2f GB are available (MemAvailable); use a "
+      "smaller --embd or --layers, more hosts, or --backend cuda",
+      needed / 1e9, static_cast<double>(params),
+      share_of_model < 1.0 ? absl::StrFormat(", %.0f%% of them on this host", 100 * share_of_model)
+                           : std::string(),
+      static_cast<double>(available) / 1e9));
 }
 
 double ModelFlopsPerStep(const GptConfig& config) {

@@ -5,12 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/host_memory_info.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/adam.h"
@@ -128,19 +127,6 @@ absl::StatusOr<OffloadPlan> PlanOffload(const OptimizerOffloadOptions& options) 
     return absl::InvalidArgumentError("optimizer offload: byte counts overflow");
   }
   return plan;
-}
-
-std::int64_t AvailableHostMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    std::int64_t kib = -1;
-    fields >> kib;
-    return kib < 0 ? -1 : kib * 1024;
-  }
-  return -1;
 }
 
 absl::Status CheckHostMemory(const OffloadPlan& plan, std::int64_t limit_bytes) {

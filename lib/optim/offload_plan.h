@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "lib/base/host_memory_info.h"
 #include "absl/status/statusor.h"
 #include "lib/optim/update_model.h"
 #include "pipeoffload/optimizer_offload.h"
@@ -55,9 +56,6 @@ struct OffloadPlan {
 
 // Errors: those of ValidateOffloadOptions; InvalidArgument when a byte count overflows.
 [[nodiscard]] absl::StatusOr<OffloadPlan> PlanOffload(const OptimizerOffloadOptions& options);
-
-// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
-std::int64_t AvailableHostMemoryBytes();
 
 // OK when the plan's pinned bytes fit `limit_bytes` (0: AvailableHostMemoryBytes(); no check
 // when that is unknown). Errors: ResourceExhausted naming the bytes needed, each buffer's

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/check.h"
+#include "lib/base/host_memory_info.h"
 #include "lib/base/status_macros.h"
 #include "lib/slide/engine_impl.h"
 
@@ -265,7 +266,7 @@ absl::Status LayerSlidingEngineImpl::AllocateHost() {
   const std::int64_t side = side_elements > 0 ? CarvedBytes(4 * side_elements) : 0;
   const std::int64_t small = CarvedBytes(8 * static_cast<std::int64_t>(num_units_));
   const std::int64_t pinned = upload + grads + checkpoint_bytes + side + small;
-  const std::int64_t available = HostMemAvailableBytes();
+  const std::int64_t available = AvailableHostMemoryBytes();
   if (available >= 0 && pageable + pinned > available) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "layer sliding: the plan needs %.2f GB of host memory (%.2f GB pageable master / m / v, "

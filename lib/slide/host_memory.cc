@@ -5,8 +5,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/check.h"
@@ -99,17 +97,6 @@ void* HostBlock::Carve(std::int64_t bytes, ArrayKind kind) {
                absl::StrCat("host block of ", bytes_, " bytes overrun: ", offset, " + ", bytes));
   used_ = offset + bytes;
   return data_ + offset;
-}
-
-std::int64_t HostMemAvailableBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return -1;
 }
 
 }  // namespace pipeoffload::internal

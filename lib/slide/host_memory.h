@@ -53,9 +53,6 @@ class HostBlock {
   double allocate_seconds_ = 0.0;
 };
 
-// MemAvailable of /proc/meminfo in bytes, or -1 when unknown.
-std::int64_t HostMemAvailableBytes();
-
 }  // namespace pipeoffload::internal
 
 #endif  // PIPEOFFLOAD_LIB_SLIDE_HOST_MEMORY_H_

@@ -1,7 +1,7 @@
 # Hostile input files to gpt_train (issue 17), on local stages: --data on /dev/zero, a FIFO or a
 # directory, and --schedule-file with JSON nested 100,000 deep, a NUL byte, or a spec that says
-# "offload none" over ops that offload. Each must exit non-zero with the reason on stderr, never
-# by a signal, a hang (60 s guard) or an unbounded read.
+# "offload none" over ops that offload; and a CPU model larger than the host. Each must exit
+# non-zero with the reason on stderr, never by a signal, a hang (60 s guard) or an unbounded read.
 # cmake -DGPT_TRAIN=<binary> -DSOURCE_DIR=<repo> -P gpt_train_hostile_test.cmake
 cmake_minimum_required(VERSION 3.25)
 set(work "${CMAKE_CURRENT_BINARY_DIR}/gpt_train_hostile_work")
@@ -38,4 +38,9 @@ refused("--schedule-file with a NUL byte" "holds a NUL byte at offset"
         --schedule-file "${SOURCE_DIR}/tests/cli/hostile/nul_tail.json")
 refused("--schedule-file saying offload none over offload ops" "spec.offload: is \"none\" but"
         --schedule-file "${SOURCE_DIR}/tests/cli/hostile/offload_declared_none.json")
+# A CPU model far larger than any host (--embd 16384: 26e9 parameters, 412 GB of fp32 state):
+# refused before anything is allocated, not killed by the kernel's OOM killer.
+expect_exit("${GPT_TRAIN}" nonzero "GB are available (MemAvailable)" --transport local
+            --embd 16384 --heads 128 --steps 1)
+message(STATUS "--embd 16384 on the CPU: refused")
 message(STATUS "gpt_train hostile inputs: all refused cleanly")
