@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "pipeoffload/backend.h"
 
 namespace pipeoffload::testing {
@@ -48,6 +49,16 @@ class BackendUnderTest {
 
 // Defined by the fixture file linked into the binary (one per binary).
 BackendUnderTest& TheBackendUnderTest();
+
+// A fresh backend of the binary's kind, as `setup` asks.
+inline std::unique_ptr<Backend> Make(const ContractSetup& setup = {}) {
+  return TheBackendUnderTest().Create(setup);
+}
+
+// Whether `status`'s message holds `text` (the contract names what a message must mention).
+inline bool Contains(const absl::Status& status, const std::string& text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
 
 }  // namespace pipeoffload::testing
 

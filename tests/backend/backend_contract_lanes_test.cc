@@ -17,14 +17,6 @@
 namespace pipeoffload::testing {
 namespace {
 
-bool Contains(const absl::Status& status, const std::string& text) {
-  return std::string(status.message()).find(text) != std::string::npos;
-}
-
-std::unique_ptr<Backend> Make(const ContractSetup& setup = {}) {
-  return TheBackendUnderTest().Create(setup);
-}
-
 Queue NewQueue(Backend& backend, QueueKind kind) {
   absl::StatusOr<Queue> queue = backend.CreateQueue(kind);
   INFO(queue.status().ToString());

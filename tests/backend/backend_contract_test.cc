@@ -17,14 +17,6 @@
 namespace pipeoffload::testing {
 namespace {
 
-bool Contains(const absl::Status& status, const std::string& text) {
-  return std::string(status.message()).find(text) != std::string::npos;
-}
-
-std::unique_ptr<Backend> Make(const ContractSetup& setup = {}) {
-  return TheBackendUnderTest().Create(setup);
-}
-
 ContractSetup Busy(double seconds) {
   ContractSetup setup;
   setup.busy_seconds = seconds;
