@@ -105,7 +105,9 @@ enum {
   PO_OP_OFFLOAD = 7,          /* "OFFLOAD" */
   PO_OP_RELEASE = 8,          /* "RELEASE" */
   PO_OP_RELOAD = 9,           /* "RELOAD" */
-  PO_OP_BARRIER = 10          /* "BARRIER" */
+  PO_OP_BARRIER = 10,         /* "BARRIER" */
+  PO_OP_RECOMPUTE = 11,       /* "RECOMPUTE": rebuild the stash entry from the chunk's input */
+  PO_OP_RECOMPUTE_LEAN = 12   /* "RECOMPUTE_LEAN": rebuild it from the lean layout */
 };
 
 /* One instruction of a stage's program (frozen layout). `chunk` is the chunk on the op's own

@@ -33,15 +33,22 @@ enum class OpKind : std::uint8_t {
   kRelease,         // "RELEASE": once that copy is done, free the device copy.
   kReload,          // "RELOAD": allocate device memory and start the H2D copy back.
   kBarrier,         // "BARRIER": rendezvous with `peer` (the paired stage), to stagger transfers.
+  // Appended after BARRIER so the older kinds keep their numbers (file formats, fingerprints).
+  kRecompute,       // "RECOMPUTE": before B(mb, chunk), rebuild the full stash entry from what
+                    //      F kept (StageModel::RecomputeSaved, Recompute::kFull: the chunk's
+                    //      input), then free the retained block. Runs on the compute queue.
+  kRecomputeLean,   // "RECOMPUTE_LEAN": the same from the lean layout (Recompute::kLean).
 };
-inline constexpr int kNumOpKinds = 11;
+inline constexpr int kNumOpKinds = 13;
 
-// "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OFFLOAD", "RELEASE", "RELOAD", "BARRIER".
+// "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OFFLOAD", "RELEASE", "RELOAD", "BARRIER",
+// "RECOMPUTE", "RECOMPUTE_LEAN".
 std::string_view OpKindName(OpKind kind);
 // Inverse of OpKindName; nullopt for any other string (exact, case-sensitive match).
 std::optional<OpKind> OpKindFromName(std::string_view name);
 
-bool IsCompute(OpKind kind);   // F, B, W
+bool IsCompute(OpKind kind);   // F, B, W, RECOMPUTE, RECOMPUTE_LEAN
+bool IsRecompute(OpKind kind); // RECOMPUTE, RECOMPUTE_LEAN
 bool IsP2P(OpKind kind);       // SEND_F, RECV_F, SEND_B, RECV_B
 bool IsSend(OpKind kind);      // SEND_F, SEND_B
 bool IsOffload(OpKind kind);   // OFFLOAD, RELEASE, RELOAD

@@ -55,6 +55,8 @@ inline Engine EngineOf(OpKind kind) {
     case OpKind::kForward:
     case OpKind::kBackward:
     case OpKind::kBackwardWeight:
+    case OpKind::kRecompute:
+    case OpKind::kRecomputeLean:
       return Engine::kCompute;
     case OpKind::kSendActivation:
     case OpKind::kSendGrad:

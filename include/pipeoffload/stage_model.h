@@ -30,8 +30,28 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace pipeoffload {
+
+// What F keeps of an entry that the program recomputes before its B (op kinds RECOMPUTE and
+// RECOMPUTE_LEAN, schedule.h). kNone: F keeps the full saved entry (SavedBytes).
+enum class Recompute : std::uint8_t {
+  kNone,
+  kLean,  // F keeps the lean layout (the expensive parts, e.g. matmul outputs); the cheap parts
+          // (LayerNorm, GELU) are recomputed.
+  kFull,  // F keeps only what re-running the chunk needs, normally its input.
+};
+
+// "none", "lean", "full" (the po-schedule --recompute spellings).
+inline const char* RecomputeName(Recompute mode) {
+  switch (mode) {
+    case Recompute::kNone: return "none";
+    case Recompute::kLean: return "lean";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
 
 class StageModel {
  public:
@@ -61,7 +81,49 @@ class StageModel {
 
   // Weight-gradient backward of (mb, chunk), after its Backward(with_weight_grad = false).
   [[nodiscard]] virtual absl::Status BackwardWeight(int mb, int chunk, void* saved) = 0;
+
+  // Recomputation (optional; a model that does not override these refuses every program that
+  // asks for it, before the first op runs).
+  //
+  // Bytes F keeps for an entry of `chunk` that will be recomputed with `mode` (kLean or kFull):
+  // the retained block. -1 means the model does not offer `mode` for `chunk` (the default); the
+  // runtime then refuses a program asking for it, naming the chunk and the mode. Like
+  // SavedBytes, the same for every microbatch.
+  virtual std::int64_t RetainedBytes(int chunk, Recompute mode, bool split_backward) const {
+    (void)chunk;
+    (void)mode;
+    (void)split_backward;
+    return -1;
+  }
+
+  // Forward of (mb, chunk) for an entry that will be recomputed with `mode` (never kNone): the
+  // same `input` and `output` as Forward (bitwise the same output), but writes only the
+  // RetainedBytes(chunk, mode, ...) bytes of `retained` instead of the full saved entry.
+  [[nodiscard]] virtual absl::Status ForwardRetaining(int mb, int chunk, const void* input,
+                                                      void* output, void* retained,
+                                                      Recompute mode) {
+    (void)input;
+    (void)output;
+    (void)retained;
+    return absl::UnimplementedError(absl::StrCat(
+        "StageModel::ForwardRetaining(mb ", mb, ", chunk ", chunk, ", mode ",
+        RecomputeName(mode), ") is not implemented by this model"));
+  }
+
+  // Rebuilds the full saved entry (SavedBytes bytes, exactly what Forward would have written)
+  // of (mb, chunk) from the retained block that ForwardRetaining(mode) wrote, on the compute
+  // queue. No side effects beyond `saved`: the loss is not accounted twice, no state advances.
+  // The runtime then passes `saved` to Backward / BackwardWeight as usual and frees `retained`.
+  [[nodiscard]] virtual absl::Status RecomputeSaved(int mb, int chunk, const void* retained,
+                                                    void* saved, Recompute mode) {
+    (void)retained;
+    (void)saved;
+    return absl::UnimplementedError(absl::StrCat(
+        "StageModel::RecomputeSaved(mb ", mb, ", chunk ", chunk, ", mode ",
+        RecomputeName(mode), ") is not implemented by this model"));
+  }
 };
+
 
 }  // namespace pipeoffload
 

@@ -21,7 +21,9 @@ static_assert(PO_OP_OFFLOAD == static_cast<int>(OpKind::kOffload));
 static_assert(PO_OP_RELEASE == static_cast<int>(OpKind::kRelease));
 static_assert(PO_OP_RELOAD == static_cast<int>(OpKind::kReload));
 static_assert(PO_OP_BARRIER == static_cast<int>(OpKind::kBarrier));
-static_assert(PO_OP_BARRIER + 1 == kNumOpKinds, "a new OpKind needs its PO_OP_ enumerator");
+static_assert(PO_OP_RECOMPUTE == static_cast<int>(OpKind::kRecompute));
+static_assert(PO_OP_RECOMPUTE_LEAN == static_cast<int>(OpKind::kRecomputeLean));
+static_assert(PO_OP_RECOMPUTE_LEAN + 1 == kNumOpKinds, "a new OpKind needs its PO_OP_ enumerator");
 
 bool KnownKind(std::int32_t kind) { return kind >= 0 && kind < kNumOpKinds; }
 

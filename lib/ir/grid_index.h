@@ -230,8 +230,9 @@ inline std::optional<GridViolation> CheckPeers(const Schedule& schedule) {
 // Positions and rendezvous partners. REQUIRES: CheckShape passed (so every index is in range).
 class ScheduleIndex {
  public:
-  // Kinds with a position table: all but BARRIER, which pairs by count instead.
-  static constexpr int kKeyedKinds = kNumOpKinds - 1;
+  // Kinds with a position table: all (BARRIER's rows stay empty: it pairs by count instead, and
+  // kinds appended after it, RECOMPUTE*, need rows of their own).
+  static constexpr int kKeyedKinds = kNumOpKinds;
   // What a duplicate op breaks: compute ops completeness, P2P ops matching, offload ops the
   // offload life cycle.
   enum DuplicateClass : int { kComputeDuplicate = 0, kP2PDuplicate = 1, kOffloadDuplicate = 2 };

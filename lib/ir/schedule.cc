@@ -11,7 +11,7 @@ namespace {
 
 constexpr std::array<std::string_view, kNumOpKinds> kOpKindNames = {
     "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OFFLOAD", "RELEASE", "RELOAD",
-    "BARRIER"};
+    "BARRIER", "RECOMPUTE", "RECOMPUTE_LEAN"};
 
 constexpr std::array<std::pair<Family, std::string_view>, 3> kFamilyNames = {{
     {Family::k1F1B, "1f1b"},
@@ -60,7 +60,11 @@ std::optional<OpKind> OpKindFromName(std::string_view name) {
 
 bool IsCompute(OpKind kind) {
   return kind == OpKind::kForward || kind == OpKind::kBackward ||
-         kind == OpKind::kBackwardWeight;
+         kind == OpKind::kBackwardWeight || IsRecompute(kind);
+}
+
+bool IsRecompute(OpKind kind) {
+  return kind == OpKind::kRecompute || kind == OpKind::kRecomputeLean;
 }
 
 bool IsP2P(OpKind kind) {

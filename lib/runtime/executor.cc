@@ -214,6 +214,10 @@ absl::Status StageExecutor::RunOp(int index, const Op& op) {
     }
     case OpKind::kBarrier:
       return Barrier(index, op);
+    case OpKind::kRecompute:
+    case OpKind::kRecomputeLean:
+      return absl::UnimplementedError(
+          absl::StrCat(Where(index, op), ": the executor does not run recompute ops yet"));
   }
   return absl::InternalError(absl::StrCat(Where(index, op), ": unknown op kind"));
 }

@@ -23,12 +23,14 @@ TEST_CASE("every op kind round trips through its name", "[schedule]") {
   }
   REQUIRE(seen.size() == static_cast<std::size_t>(kNumOpKinds));  // names are distinct
   CHECK(seen == std::set<std::string>{"F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-                                      "OFFLOAD", "RELEASE", "RELOAD", "BARRIER"});
+                                      "OFFLOAD", "RELEASE", "RELOAD", "BARRIER", "RECOMPUTE",
+                                      "RECOMPUTE_LEAN"});
 }
 
 TEST_CASE("OpKindFromName is exact and case-sensitive", "[schedule]") {
   for (const char* name : {"", "f", "b", "FF", " F", "F ", "send_f", "SEND", "SEND_F0", "I",
-                           "BW", "RELOAD_END", "barrier"}) {
+                           "BW", "RELOAD_END", "barrier", "recompute", "RECOMPUTE_",
+                           "RECOMPUTE_FULL"}) {
     CAPTURE(name);
     CHECK_FALSE(OpKindFromName(name).has_value());
   }
@@ -37,7 +39,7 @@ TEST_CASE("OpKindFromName is exact and case-sensitive", "[schedule]") {
 TEST_CASE("op kind predicates match the IR table", "[schedule]") {
   struct Row {
     OpKind kind;
-    bool compute, p2p, send, offload, peer;
+    bool compute, p2p, send, offload, peer, recompute = false;
   };
   const Row rows[] = {
       {OpKind::kForward, true, false, false, false, false},
@@ -51,6 +53,8 @@ TEST_CASE("op kind predicates match the IR table", "[schedule]") {
       {OpKind::kRelease, false, false, false, true, false},
       {OpKind::kReload, false, false, false, true, false},
       {OpKind::kBarrier, false, false, false, false, true},
+      {OpKind::kRecompute, true, false, false, false, false, true},
+      {OpKind::kRecomputeLean, true, false, false, false, false, true},
   };
   REQUIRE(std::size(rows) == static_cast<std::size_t>(kNumOpKinds));
   for (const Row& row : rows) {
@@ -60,6 +64,7 @@ TEST_CASE("op kind predicates match the IR table", "[schedule]") {
     CHECK(IsSend(row.kind) == row.send);
     CHECK(IsOffload(row.kind) == row.offload);
     CHECK(HasPeer(row.kind) == row.peer);
+    CHECK(IsRecompute(row.kind) == row.recompute);
   }
 }
 
@@ -102,6 +107,8 @@ TEST_CASE("OpToString spells ops as kind, mb.chunk and the peer's direction", "[
   CHECK(OpToString({OpKind::kReload, 4, 1, -1}) == "RELOAD4.1");
   CHECK(OpToString({OpKind::kBarrier, 4, 1, 2}) == "BARRIER4.1~2");
   CHECK(OpToString({OpKind::kBarrier, -1, -1, 0}) == "BARRIER~0");
+  CHECK(OpToString({OpKind::kRecompute, 4, 1, -1}) == "RECOMPUTE4.1");
+  CHECK(OpToString({OpKind::kRecomputeLean, 0, 2, -1}) == "RECOMPUTE_LEAN0.2");
 }
 
 TEST_CASE("PipelineSpec counts virtual stages as p * v", "[schedule]") {
