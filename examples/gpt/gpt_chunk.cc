@@ -11,6 +11,9 @@
 //   per layer: dout (N,C) | d_fch (N,4C) | d_ln2out (N,C) | dres2 (N,C) | d_qkv (N,3C) |
 //              d_ln1out (N,C)
 //   [last]   d_lnf_out (N,C); dlogits overwrite probs in place
+// Retained blocks (Recompute, gpt_chunk.h) pack ranges of the forward part in this order: kLean
+// all but ln1_out, ln2_out, fch_gelu and lnf_out; kFull the tokens or the chunk's input (the
+// first layer's x, or lnf_in) and the targets.
 // A layer's output is written straight into the next layer's x (or lnf_in, or the boundary
 // output), and a layer's input gradient straight into the previous layer's dout, so a chunk
 // holding k layers computes the same values as k chunks of one layer joined by copies.
@@ -65,7 +68,9 @@ GptChunk::GptChunk(const GptConfig& config, int virtual_stage, int num_virtual_s
   }
   params_.Allocate(config.seed);
 
-  // Saved layout.
+  // Saved layout. Each range also records whether the lean and the full retained blocks keep
+  // it (gpt_chunk.h, Recompute): the chunk's input is the first layer's x, or lnf_in on a last
+  // virtual stage without layers; the first virtual stage's input is its tokens.
   const std::int64_t n = N_;
   const std::int64_t nc = n * C_;
   std::int64_t cursor = 0;
@@ -74,31 +79,36 @@ GptChunk::GptChunk(const GptConfig& config, int virtual_stage, int num_virtual_s
     cursor += floats;
     return at;
   };
-  if (is_first()) tokens_ = take(n);
+  auto slot = [&](std::int64_t floats, bool lean, bool full) {
+    segments_.push_back(Segment{cursor, floats, lean, full});
+    return take(floats);
+  };
+  const bool input_in_saved = !is_first();
+  if (is_first()) tokens_ = slot(n, true, true);
   for (int l = layers_.begin; l < layers_.end; ++l) {
     LayerSlots s;
-    s.x = take(nc);
-    s.ln1_mean = take(n);
-    s.ln1_rstd = take(n);
-    s.ln1_out = take(nc);
-    s.qkv = take(3 * nc);
-    s.att = take(std::int64_t{B_} * NH_ * T_ * T_);
-    s.atty = take(nc);
-    s.res2 = take(nc);
-    s.ln2_mean = take(n);
-    s.ln2_rstd = take(n);
-    s.ln2_out = take(nc);
-    s.fch = take(4 * nc);
-    s.fch_gelu = take(4 * nc);
+    s.x = slot(nc, true, input_in_saved && l == layers_.begin);
+    s.ln1_mean = slot(n, true, false);
+    s.ln1_rstd = slot(n, true, false);
+    s.ln1_out = slot(nc, false, false);
+    s.qkv = slot(3 * nc, true, false);
+    s.att = slot(std::int64_t{B_} * NH_ * T_ * T_, true, false);
+    s.atty = slot(nc, true, false);
+    s.res2 = slot(nc, true, false);
+    s.ln2_mean = slot(n, true, false);
+    s.ln2_rstd = slot(n, true, false);
+    s.ln2_out = slot(nc, false, false);
+    s.fch = slot(4 * nc, true, false);
+    s.fch_gelu = slot(4 * nc, false, false);
     slots_.push_back(s);
   }
   if (is_last()) {
-    lnf_in_ = take(nc);
-    lnf_mean_ = take(n);
-    lnf_rstd_ = take(n);
-    lnf_out_ = take(nc);
-    probs_ = take(n * V_);
-    targets_ = take(n);
+    lnf_in_ = slot(nc, true, input_in_saved && layers_.size() == 0);
+    lnf_mean_ = slot(n, true, false);
+    lnf_rstd_ = slot(n, true, false);
+    lnf_out_ = slot(nc, false, false);
+    probs_ = slot(n * V_, true, false);
+    targets_ = slot(n, true, true);
   }
   saved_floats_ = cursor;
   if (is_first()) d_x0_ = take(nc);
@@ -174,21 +184,31 @@ void GptChunk::LayerForward(int local_layer, float* base, float* out) {
   ResidualForward(out, base + s.res2, branch_.data(), std::int64_t{N} * C);
 }
 
+float* GptChunk::InputSlot(float* base, float* output) const {
+  if (layers_.size() > 0) return base + slots_[0].x;
+  return is_last() ? base + lnf_in_ : output;
+}
+
 double GptChunk::Forward(const std::int32_t* tokens, const std::int32_t* targets,
                          const float* input, float* output, std::byte* saved) {
   float* base = reinterpret_cast<float*>(saved);
-  const std::int64_t nc = std::int64_t{N_} * C_;
-  const int num_layers = layers_.size();
-  // Where the chunk's input lands: the first layer's x, or with no layers straight where the
-  // (absent) last layer would have written.
-  float* x0 = num_layers > 0 ? base + slots_[0].x : is_last() ? base + lnf_in_ : output;
   if (is_first()) {
-    auto* saved_tokens = reinterpret_cast<std::int32_t*>(base + tokens_);
-    std::memcpy(saved_tokens, tokens, sizeof(std::int32_t) * static_cast<std::size_t>(N_));
-    EncoderForward(x0, saved_tokens, Tensor(kTokenEmbeddingId, false, false),
-                   Tensor(kPositionEmbeddingId, false, false), B_, T_, C_);
+    std::memcpy(base + tokens_, tokens, sizeof(std::int32_t) * static_cast<std::size_t>(N_));
   } else {
-    Copy(x0, input, nc);
+    Copy(InputSlot(base, output), input, std::int64_t{N_} * C_);
+  }
+  if (is_last()) {
+    std::memcpy(base + targets_, targets, sizeof(std::int32_t) * static_cast<std::size_t>(N_));
+  }
+  return ForwardFromSaved(base, output);
+}
+
+double GptChunk::ForwardFromSaved(float* base, float* output) {
+  const int num_layers = layers_.size();
+  if (is_first()) {
+    EncoderForward(InputSlot(base, output), reinterpret_cast<const std::int32_t*>(base + tokens_),
+                   Tensor(kTokenEmbeddingId, false, false),
+                   Tensor(kPositionEmbeddingId, false, false), B_, T_, C_);
   }
   for (int i = 0; i < num_layers; ++i) {
     float* out = i + 1 < num_layers ? base + slots_[i + 1].x : is_last() ? base + lnf_in_ : output;
@@ -196,8 +216,6 @@ double GptChunk::Forward(const std::int32_t* tokens, const std::int32_t* targets
   }
   if (!is_last()) return 0.0;
 
-  auto* saved_targets = reinterpret_cast<std::int32_t*>(base + targets_);
-  std::memcpy(saved_targets, targets, sizeof(std::int32_t) * static_cast<std::size_t>(N_));
   LayerNormForward(base + lnf_out_, base + lnf_mean_, base + lnf_rstd_, base + lnf_in_,
                    Tensor(LnfWeightId(config_), false, false),
                    Tensor(LnfBiasId(config_), false, false), N_, C_);
@@ -205,10 +223,64 @@ double GptChunk::Forward(const std::int32_t* tokens, const std::int32_t* targets
                                               : Tensor(HeadWeightId(config_), false, false);
   float* probs = base + probs_;  // (N,V): logits, then probabilities in place
   MatmulForward(probs, base + lnf_out_, head, nullptr, N_, C_, V_);
-  SoftmaxCrossEntropyForward(probs, losses_.data(), probs, saved_targets, N_, V_);
+  SoftmaxCrossEntropyForward(probs, losses_.data(), probs,
+                             reinterpret_cast<const std::int32_t*>(base + targets_), N_, V_);
   double sum = 0.0;
   for (float loss : losses_) sum += loss;
   return sum / N_;
+}
+
+std::int64_t GptChunk::RetainedBytes(Recompute mode) const {
+  std::int64_t floats = 0;
+  for (const Segment& segment : segments_) {
+    if (segment.KeptBy(mode)) {
+      floats += segment.floats;
+    }
+  }
+  return 4 * floats;
+}
+
+void GptChunk::Retain(const std::byte* saved, std::byte* retained, Recompute mode) const {
+  const float* base = reinterpret_cast<const float*>(saved);
+  float* cursor = reinterpret_cast<float*>(retained);
+  for (const Segment& segment : segments_) {
+    if (segment.KeptBy(mode)) {
+      Copy(cursor, base + segment.offset, segment.floats);
+      cursor += segment.floats;
+    }
+  }
+}
+
+void GptChunk::Rebuild(const std::byte* retained, std::byte* saved, Recompute mode) {
+  PO_CHECK(mode != Recompute::kNone);
+  float* base = reinterpret_cast<float*>(saved);
+  const float* cursor = reinterpret_cast<const float*>(retained);
+  for (const Segment& segment : segments_) {
+    if (segment.KeptBy(mode)) {
+      Copy(base + segment.offset, cursor, segment.floats);
+      cursor += segment.floats;
+    }
+  }
+  if (mode == Recompute::kFull) {
+    if (!is_last()) rebuild_output_.resize(static_cast<std::size_t>(N_) * C_);
+    ForwardFromSaved(base, rebuild_output_.data());
+    return;
+  }
+  // Lean: LayerNormForward rewrites the mean and rstd it kept with the same values.
+  for (int i = 0; i < layers_.size(); ++i) {
+    const LayerSlots& s = slots_[i];
+    const LayerTensors w = LayerParams(i, /*grads=*/false);
+    LayerNormForward(base + s.ln1_out, base + s.ln1_mean, base + s.ln1_rstd, base + s.x, w.ln1_w,
+                     w.ln1_b, N_, C_);
+    LayerNormForward(base + s.ln2_out, base + s.ln2_mean, base + s.ln2_rstd, base + s.res2, w.ln2_w,
+                     w.ln2_b, N_, C_);
+    GeluForward(base + s.fch_gelu, base + s.fch, std::int64_t{N_} * 4 * C_);
+  }
+  if (is_last()) {
+    LayerNormForward(base + lnf_out_, base + lnf_mean_, base + lnf_rstd_, base + lnf_in_,
+                     Tensor(LnfWeightId(config_), false, false),
+                     Tensor(LnfBiasId(config_), false, false), N_, C_);
+  }
 }
 
 void GptChunk::LayerBackwardInput(int local_layer, float* base, const LayerGrads& g, float* dinp) {

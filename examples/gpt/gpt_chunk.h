@@ -17,6 +17,7 @@
 
 #include "examples/gpt/gpt_config.h"
 #include "examples/gpt/gpt_params.h"
+#include "pipeoffload/stage_model.h"
 
 namespace pipeoffload::gpt {
 
@@ -63,6 +64,22 @@ class GptChunk {
   // Accumulates the parameter gradients from a saved region left by Backward(..., false).
   void BackwardWeight(std::byte* saved);
 
+  // --- Recompute (StageModel::RetainedBytes / ForwardRetaining / RecomputeSaved) -------------
+  // kFull keeps the chunk's input: the token ids on the first virtual stage (the embedding is
+  // recomputed from them), the (N,C) input elsewhere, and the targets on the last. kLean keeps
+  // the saved region minus what one cheap kernel rebuilds from what stays: both LayerNorm
+  // outputs of each layer, the GELU output, the final LayerNorm's output.
+  // Bytes of the retained block, a multiple of 4; 0 for kNone.
+  std::int64_t RetainedBytes(Recompute mode) const;
+  // Copies the part of a full saved region (as Forward wrote it) that `mode` keeps into
+  // retained[0, RetainedBytes(mode)).
+  void Retain(const std::byte* saved, std::byte* retained, Recompute mode) const;
+  // Writes every byte of saved[0, SavedBytes(false)) from a block Retain(mode) filled: the same
+  // bytes Forward wrote, because the same kernels run on the same inputs. Touches only `saved`
+  // and scratch (the loss of the last virtual stage is computed again and dropped).
+  // REQUIRES: mode != kNone.
+  void Rebuild(const std::byte* retained, std::byte* saved, Recompute mode);
+
  private:
   // Offsets, in floats from the start of the saved region, of a layer's forward activations.
   struct LayerSlots {
@@ -91,7 +108,22 @@ class GptChunk {
   float* EmbeddingGrad(float* base, bool split);  // (N,C) gradient of the embedding output
   float* LnfOutGrad(float* base, bool split);     // (N,C) gradient of the final LN output
 
+  // One contiguous range of the saved layout and whether each retained block keeps it.
+  struct Segment {
+    std::int64_t offset, floats;
+    bool lean, full;
+    bool KeptBy(Recompute mode) const {
+      return mode == Recompute::kLean ? lean : mode == Recompute::kFull && full;
+    }
+  };
+
   void LayerForward(int local_layer, float* base, float* out);
+  // Forward from a saved region whose inputs (tokens or x0, targets) are in place; the last
+  // layer writes `output` (or lnf_in). Returns the mean loss on the last virtual stage, else 0.
+  double ForwardFromSaved(float* base, float* output);
+  // Where the chunk's input lands in the saved region (or `output` for a chunk with no layers
+  // that is not the last).
+  float* InputSlot(float* base, float* output) const;
   void LayerBackwardInput(int local_layer, float* base, const LayerGrads& g, float* dinp);
   void LayerBackwardWeight(int local_layer, float* base, const LayerGrads& g);
   void HeadBackwardWeight(float* base, bool split);
@@ -110,6 +142,7 @@ class GptChunk {
   std::int64_t probs_ = -1;    // (N,V), logits then probs; Backward turns them into dlogits
   std::int64_t targets_ = -1;  // (N) int32
   std::int64_t saved_floats_ = 0;
+  std::vector<Segment> segments_;  // the forward part, in order, covering [0, saved_floats_)
   // Split-backward extra region, after the forward part.
   std::int64_t d_x0_ = -1;  // (N,C), first
   std::vector<std::int64_t>
@@ -125,6 +158,7 @@ class GptChunk {
   std::vector<float> att_row_;        // (T)
   std::vector<float> unsplit_grads_;  // (N, 11C) + 2 x (N,C): a LayerGrads and ping-pong douts
   std::vector<float> d_lnf_out_scratch_;  // (N,C)
+  std::vector<float> rebuild_output_;     // (N,C) the output Rebuild(kFull) drops; not last
 };
 
 }  // namespace pipeoffload::gpt

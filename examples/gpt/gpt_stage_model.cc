@@ -5,6 +5,8 @@
 //   F writes kForwardDone -> B(with_weight_grad) checks it, writes kConsumed
 //                         -> B(split) checks it, writes kAwaitingWeightGrad -> W checks, writes
 //                            kConsumed.
+//   ForwardRetaining writes kRetainedLean / kRetainedFull into the retained block's header;
+//   RecomputeSaved checks it and writes kForwardDone into the rebuilt saved entry.
 // Any other sequence (B twice, W without a split B, an entry of another mb, chunk or step) is
 // FailedPrecondition; the header lives in the entry itself, so it survives offload and reload.
 #include "examples/gpt/gpt_stage_model.h"
@@ -25,6 +27,12 @@ constexpr std::uint32_t kHeaderMagic = 0x53545047;  // "GPTS" little-endian
 constexpr std::uint32_t kForwardDone = 1;
 constexpr std::uint32_t kAwaitingWeightGrad = 2;
 constexpr std::uint32_t kConsumed = 3;
+constexpr std::uint32_t kRetainedLean = 4;
+constexpr std::uint32_t kRetainedFull = 5;
+
+std::uint32_t RetainedState(Recompute mode) {
+  return mode == Recompute::kLean ? kRetainedLean : kRetainedFull;
+}
 
 struct SavedHeader {
   std::uint32_t magic;
@@ -44,6 +52,10 @@ const char* StateName(std::uint32_t state) {
       return "awaiting weight grad";
     case kConsumed:
       return "consumed";
+    case kRetainedLean:
+      return "retained lean";
+    case kRetainedFull:
+      return "retained full";
     default:
       return "unknown";
   }
@@ -90,7 +102,8 @@ std::int64_t GptStageModel::BoundaryBytes() const {
          std::int64_t{sizeof(float)};
 }
 
-absl::Status GptStageModel::CheckCall(const char* op, int mb, int chunk, const void* saved) const {
+absl::Status GptStageModel::CheckCall(const char* op, int mb, int chunk, const void* saved,
+                                      const char* buffer) const {
   if (mb < 0 || mb >= config_.num_microbatches) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": mb ", mb, " is out of range [0, ", config_.num_microbatches, ")"));
@@ -99,10 +112,11 @@ absl::Status GptStageModel::CheckCall(const char* op, int mb, int chunk, const v
     return absl::InvalidArgumentError(absl::StrCat(op, ": chunk ", chunk, " is out of range [0, ",
                                                    chunks_per_stage(), ") on stage ", stage_));
   }
-  if (saved == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": saved is null"));
+  if (saved == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", buffer, " is null"));
   if (reinterpret_cast<std::uintptr_t>(saved) % alignof(float) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op, ": saved buffer is not ", alignof(float), "-byte aligned"));
+        absl::StrCat(op, ": ", buffer, " buffer is not ", alignof(float), "-byte aligned"));
   }
   if (step_ < 0) {
     return absl::FailedPreconditionError(
@@ -144,26 +158,80 @@ absl::Status GptStageModel::CheckHeader(const char* op, int mb, int chunk, const
 absl::Status GptStageModel::Forward(int mb, int chunk, const void* input, void* output,
                                     void* saved) {
   PO_RETURN_IF_ERROR(CheckCall("Forward", mb, chunk, saved));
-  GptChunk& c = *chunks_[static_cast<std::size_t>(chunk)];
+  PO_RETURN_IF_ERROR(CheckForwardBuffers("Forward", mb, chunk, input, output));
+  WriteHeader(mb, chunk, saved, kForwardDone);
+  RunForward(mb, chunk, input, output, static_cast<std::byte*>(saved) + kSavedHeaderBytes);
+  return absl::OkStatus();
+}
+
+absl::Status GptStageModel::CheckForwardBuffers(const char* op, int mb, int chunk,
+                                                const void* input, const void* output) const {
+  const GptChunk& c = *chunks_[static_cast<std::size_t>(chunk)];
   if (!c.is_first() && input == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("Forward(mb ", mb, ", chunk ", chunk,
+    return absl::InvalidArgumentError(absl::StrCat(op, "(mb ", mb, ", chunk ", chunk,
                                                    "): input is null on virtual stage ",
                                                    c.virtual_stage()));
   }
   if (!c.is_last() && output == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("Forward(mb ", mb, ", chunk ", chunk,
+    return absl::InvalidArgumentError(absl::StrCat(op, "(mb ", mb, ", chunk ", chunk,
                                                    "): output is null on virtual stage ",
                                                    c.virtual_stage()));
   }
+  return absl::OkStatus();
+}
+
+void GptStageModel::RunForward(int mb, int chunk, const void* input, void* output,
+                               std::byte* payload) {
+  GptChunk& c = *chunks_[static_cast<std::size_t>(chunk)];
   if (c.is_first() || c.is_last()) {
     data_->Microbatch(config_.seed, step_, mb, config_.batch_size, config_.seq_len, tokens_.data(),
                       targets_.data());
   }
-  WriteHeader(mb, chunk, saved, kForwardDone);
-  const double loss =
-      c.Forward(tokens_.data(), targets_.data(), static_cast<const float*>(input),
-                static_cast<float*>(output), static_cast<std::byte*>(saved) + kSavedHeaderBytes);
+  const double loss = c.Forward(tokens_.data(), targets_.data(), static_cast<const float*>(input),
+                                static_cast<float*>(output), payload);
   if (c.is_last()) losses_[static_cast<std::size_t>(mb)] = loss;
+}
+
+std::int64_t GptStageModel::RetainedBytes(int chunk, Recompute mode,
+                                          bool /*split_backward*/) const {
+  // The split-backward region is B's output, so the retained block never holds it.
+  if (chunk < 0 || chunk >= chunks_per_stage() || mode == Recompute::kNone) return -1;
+  return kSavedHeaderBytes + chunks_[static_cast<std::size_t>(chunk)]->RetainedBytes(mode);
+}
+
+absl::Status GptStageModel::ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                             void* retained, Recompute mode) {
+  PO_RETURN_IF_ERROR(CheckCall("ForwardRetaining", mb, chunk, retained, "retained"));
+  PO_RETURN_IF_ERROR(CheckMode("ForwardRetaining", mb, chunk, mode));
+  PO_RETURN_IF_ERROR(CheckForwardBuffers("ForwardRetaining", mb, chunk, input, output));
+  GptChunk& c = *chunks_[static_cast<std::size_t>(chunk)];
+  workspace_.resize(
+      std::max(workspace_.size(), static_cast<std::size_t>(c.SavedBytes(/*split=*/false) / 4)));
+  auto* workspace = reinterpret_cast<std::byte*>(workspace_.data());
+  RunForward(mb, chunk, input, output, workspace);
+  WriteHeader(mb, chunk, retained, RetainedState(mode));
+  c.Retain(workspace, static_cast<std::byte*>(retained) + kSavedHeaderBytes, mode);
+  return absl::OkStatus();
+}
+
+absl::Status GptStageModel::RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                                           Recompute mode) {
+  PO_RETURN_IF_ERROR(CheckCall("RecomputeSaved", mb, chunk, saved));
+  PO_RETURN_IF_ERROR(CheckCall("RecomputeSaved", mb, chunk, retained, "retained"));
+  PO_RETURN_IF_ERROR(CheckMode("RecomputeSaved", mb, chunk, mode));
+  PO_RETURN_IF_ERROR(CheckHeader("RecomputeSaved", mb, chunk, retained, RetainedState(mode)));
+  chunks_[static_cast<std::size_t>(chunk)]->Rebuild(
+      static_cast<const std::byte*>(retained) + kSavedHeaderBytes,
+      static_cast<std::byte*>(saved) + kSavedHeaderBytes, mode);
+  WriteHeader(mb, chunk, saved, kForwardDone);
+  return absl::OkStatus();
+}
+
+absl::Status GptStageModel::CheckMode(const char* op, int mb, int chunk, Recompute mode) const {
+  if (mode == Recompute::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, "(mb ", mb, ", chunk ", chunk, "): mode is none; expected lean or full"));
+  }
   return absl::OkStatus();
 }
 

@@ -68,6 +68,18 @@ class GptStageModel final : public StageModel {
   [[nodiscard]] absl::Status Backward(int mb, int chunk, const void* grad_output, void* grad_input,
                                       void* saved, bool with_weight_grad) override;
   [[nodiscard]] absl::Status BackwardWeight(int mb, int chunk, void* saved) override;
+  // Recompute: both modes on every chunk (GptChunk::RetainedBytes says what each keeps), -1
+  // for kNone or a chunk out of range. The retained block starts with the same header as a
+  // saved entry (state "retained lean" / "retained full"), so RecomputeSaved refuses a block
+  // of another (mb, chunk, step) or mode with FailedPrecondition; other errors as Forward.
+  // ForwardRetaining runs Forward into a workspace of one saved entry that the model owns
+  // (host memory, outside the runtime's arena) and keeps the retained part: this CPU model's
+  // recompute saves arena memory, not host memory; it exists to prove the protocol bitwise.
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool split_backward) const override;
+  [[nodiscard]] absl::Status ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                              void* retained, Recompute mode) override;
+  [[nodiscard]] absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                                            Recompute mode) override;
 
   // --- Iteration protocol (see the file comment) ----------------------------------------------
   void StartIteration(std::int64_t step);
@@ -109,10 +121,17 @@ class GptStageModel final : public StageModel {
   GptStageModel(const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
                 std::shared_ptr<const GptData> data);
 
-  absl::Status CheckCall(const char* op, int mb, int chunk, const void* saved) const;
+  // `buffer` names `saved` in the messages ("saved" or "retained").
+  absl::Status CheckCall(const char* op, int mb, int chunk, const void* saved,
+                         const char* buffer = "saved") const;
   absl::Status CheckHeader(const char* op, int mb, int chunk, const void* saved,
                            std::uint32_t expected_state) const;
   void WriteHeader(int mb, int chunk, void* saved, std::uint32_t state) const;
+  absl::Status CheckForwardBuffers(const char* op, int mb, int chunk, const void* input,
+                                   const void* output) const;
+  absl::Status CheckMode(const char* op, int mb, int chunk, Recompute mode) const;
+  // Forward's math into `payload` (a saved region past its header); records the loss.
+  void RunForward(int mb, int chunk, const void* input, void* output, std::byte* payload);
   // Gradients of the wte copies this stage holds when tied (wte on virtual stage 0, the mirror on
   // L-1), or null. Const: the chunks are owned through pointers, the gradients are scratch-like.
   float* EmbeddingPartGrad() const;
@@ -132,6 +151,7 @@ class GptStageModel final : public StageModel {
   std::vector<double> losses_;         // (m)
   std::vector<std::int32_t> tokens_;   // (B,T) scratch for one Forward
   std::vector<std::int32_t> targets_;  // (B,T)
+  std::vector<float> workspace_;       // one chunk's saved entry, for ForwardRetaining
   std::vector<float> peer_tied_grad_;  // (V,C)
   bool peer_tied_grad_set_ = false;
   bool gradients_finished_ = false;  // FinishGradients ran this iteration

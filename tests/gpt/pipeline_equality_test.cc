@@ -3,7 +3,9 @@
 // entry moved to a new address with the old one poisoned, B and W of each chunk in microbatch
 // order) gives losses, gradients, parameters and checksums bitwise equal (memcmp) to the
 // single-process reference, with split and unsplit backward, tied and untied heads, with and
-// without the learning-rate schedule and global-norm clipping (norm combined across stages).
+// without the learning-rate schedule and global-norm clipping (norm combined across stages), and
+// with recomputed entries (F keeps the lean or the full retained block, the entry is rebuilt
+// into a fresh NaN-filled allocation before its B).
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -63,10 +65,19 @@ Pipeline MakePipeline(const GptConfig& config, int p, int v,
   return pipeline;
 }
 
+// The recompute mode of entry (virtual stage l, mb) when an iteration recomputes: keep, lean and
+// full in turn, so each mode meets first, middle, last and layer-less chunks across the shapes.
+Recompute ModeOf(bool recompute, int l, int mb) {
+  if (!recompute) return Recompute::kNone;
+  constexpr Recompute kModes[] = {Recompute::kNone, Recompute::kLean, Recompute::kFull};
+  return kModes[(l + mb) % 3];
+}
+
 // One iteration in pipeline order. Virtual stage l lives on stage l % p as chunk l / p. All F,
 // then B in reverse virtual-stage order; with `split`, every W after every B (per chunk still in
-// microbatch order), the latest a schedule may place them.
-void RunIteration(Pipeline& pipe, std::int64_t step, bool split) {
+// microbatch order), the latest a schedule may place them. With `recompute`, the entries
+// ModeOf picks are kept as retained blocks and rebuilt right before their B.
+void RunIteration(Pipeline& pipe, std::int64_t step, bool split, bool recompute = false) {
   const GptConfig& config = pipe.stages[0]->config();
   const int m = config.num_microbatches;
   const int num_virtual = pipe.p * pipe.v;
@@ -82,10 +93,18 @@ void RunIteration(Pipeline& pipe, std::int64_t step, bool split) {
     GptStageModel& stage = *pipe.stages[l % pipe.p];
     const int chunk = l / pipe.p;
     for (int mb = 0; mb < m; ++mb) {
-      auto entry = std::make_unique<StashEntry>(stage.SavedBytes(chunk, split));
+      const Recompute mode = ModeOf(recompute, l, mb);
+      const std::int64_t bytes = mode == Recompute::kNone ? stage.SavedBytes(chunk, split)
+                                                          : stage.RetainedBytes(chunk, mode, split);
+      REQUIRE(bytes > 0);
+      auto entry = std::make_unique<StashEntry>(bytes);
       const void* input = l == 0 ? nullptr : activations[l - 1][mb].data();
       void* output = l == num_virtual - 1 ? nullptr : activations[l][mb].data();
-      REQUIRE(stage.Forward(mb, chunk, input, output, entry->data()).ok());
+      if (mode == Recompute::kNone) {
+        REQUIRE(stage.Forward(mb, chunk, input, output, entry->data()).ok());
+      } else {
+        REQUIRE(stage.ForwardRetaining(mb, chunk, input, output, entry->data(), mode).ok());
+      }
       entry->Move();  // offload and reload
       stash[{l, mb}] = std::move(entry);
     }
@@ -94,6 +113,14 @@ void RunIteration(Pipeline& pipe, std::int64_t step, bool split) {
     GptStageModel& stage = *pipe.stages[l % pipe.p];
     const int chunk = l / pipe.p;
     for (int mb = 0; mb < m; ++mb) {
+      const Recompute mode = ModeOf(recompute, l, mb);
+      if (mode != Recompute::kNone) {  // the runtime's RECOMPUTE: a fresh entry, then free
+        auto rebuilt = std::make_unique<StashEntry>(stage.SavedBytes(chunk, split));
+        REQUIRE(
+            stage.RecomputeSaved(mb, chunk, stash[{l, mb}]->data(), rebuilt->data(), mode).ok());
+        stash[{l, mb}]->Move();  // poisons the retained block's bytes
+        stash[{l, mb}] = std::move(rebuilt);
+      }
       StashEntry& entry = *stash[{l, mb}];
       const void* grad_output = l == num_virtual - 1 ? nullptr : grads[l + 1][mb].data();
       void* grad_input = l == 0 ? nullptr : grads[l][mb].data();
@@ -202,7 +229,8 @@ TEST_CASE("pipeline-order chunks are bitwise equal to the single-process referen
   const bool tied = GENERATE(false, true);
   // With a warm-up, cosine decay within the 3 steps and a clip that every step triggers.
   const bool scheduled = GENERATE(false, true);
-  CAPTURE(shape.p, shape.v, shape.n_layer, split, tied, scheduled);
+  const bool recompute = GENERATE(false, true);
+  CAPTURE(shape.p, shape.v, shape.n_layer, split, tied, scheduled, recompute);
 
   GptConfig config = testing::PipelineConfig(shape.n_layer, tied);
   if (scheduled) {
@@ -226,7 +254,7 @@ TEST_CASE("pipeline-order chunks are bitwise equal to the single-process referen
     CAPTURE(step);
     auto want_losses = (*reference_or)->AccumulateGradients(step);
     REQUIRE(want_losses.ok());
-    RunIteration(pipe, step, split);
+    RunIteration(pipe, step, split, recompute);
     const GptStageModel& last = *pipe.stages.back();
     REQUIRE(last.holds_loss());
     REQUIRE(last.losses().size() == want_losses->size());

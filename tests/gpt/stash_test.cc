@@ -1,7 +1,9 @@
 // The stash contract of GptStageModel: Forward writes every byte of SavedBytes(chunk, false) and
 // nothing beyond; a split Backward writes every byte up to SavedBytes(chunk, true) and nothing
 // beyond; Backward works from a copy at another address after the original is poisoned (the
-// saved entry is the only state from F to B); misrouted entries and calls give clear errors.
+// saved entry is the only state from F to B); misrouted entries and calls give clear errors;
+// recompute's retained blocks have the stated sizes, are written whole, and rebuild Forward's
+// entry byte for byte.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -151,6 +153,95 @@ TEST_CASE("Backward and BackwardWeight work from a moved copy after the original
 
 bool MessageContains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
+}
+
+TEST_CASE("retained blocks: stated sizes, written whole, rebuilt into Forward's bytes",
+          "[gpt][stash][recompute]") {
+  const GptConfig config = testing::PipelineConfig(4, false);  // p = 2, v = 2: a layer a chunk
+  const std::int64_t n = std::int64_t{config.batch_size} * config.seq_len;
+  const std::int64_t nc = n * config.n_embd;
+  const std::int64_t att =
+      std::int64_t{config.batch_size} * config.n_head * config.seq_len * config.seq_len;
+  // One layer's floats: x, ln1 mean/rstd, qkv, att, atty, res2, ln2 mean/rstd, fch (lean keeps
+  // all of these; full keeps x alone on a chunk that is not the first).
+  const std::int64_t layer_lean = nc + 2 * n + 3 * nc + att + 2 * nc + 2 * n + 4 * nc;
+  for (int stage = 0; stage < 2; ++stage) {
+    auto model = MakeStage(config, 2, 2, stage);
+    const std::vector<float> input = testing::RandomVector(model->BoundaryBytes() / 4, 9, 1.0f);
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      const GptChunk& c = model->chunk(chunk);
+      // Floats beyond the header: first = tokens, last = lnf_in, lnf mean/rstd, probs, targets.
+      const std::int64_t want_lean = layer_lean + (c.is_first() ? n : 0) +
+                                     (c.is_last() ? nc + 2 * n + n * config.vocab_size + n : 0);
+      const std::int64_t want_full = c.is_first() ? n : nc + (c.is_last() ? n : 0);
+      for (const Recompute mode : {Recompute::kLean, Recompute::kFull}) {
+        CAPTURE(stage, chunk, RecomputeName(mode));
+        const std::int64_t retained_bytes = model->RetainedBytes(chunk, mode, true);
+        CHECK(retained_bytes == GptStageModel::kSavedHeaderBytes +
+                                    4 * (mode == Recompute::kLean ? want_lean : want_full));
+        CHECK(retained_bytes == model->RetainedBytes(chunk, mode, false));
+        CHECK(retained_bytes < model->SavedBytes(chunk, false));
+
+        model->StartIteration(4);
+        std::vector<float> output(input.size());
+        const auto want_saved = ForwardInto(*model, chunk, 0x00, input, output);
+        const double want_loss = model->losses()[1];
+        std::vector<float> retained_output(input.size());
+        std::vector<unsigned char> blocks[2];
+        const unsigned char fills[2] = {0x00, 0xFF};
+        for (int k = 0; k < 2; ++k) {
+          blocks[k].assign(static_cast<std::size_t>(retained_bytes) + kGuardBytes, fills[k]);
+          model->StartIteration(4);  // losses back to NaN
+          REQUIRE(model
+                      ->ForwardRetaining(1, chunk, c.is_first() ? nullptr : input.data(),
+                                         c.is_last() ? nullptr : retained_output.data(),
+                                         blocks[k].data(), mode)
+                      .ok());
+        }
+        // Every retained byte written, nothing past the block; the same output and loss.
+        CHECK(std::memcmp(blocks[0].data(), blocks[1].data(), retained_bytes) == 0);
+        CHECK(AllBytesAre(blocks[0], static_cast<std::size_t>(retained_bytes), 0x00));
+        CHECK(AllBytesAre(blocks[1], static_cast<std::size_t>(retained_bytes), 0xFF));
+        if (c.is_last()) {
+          CHECK(std::memcmp(&model->losses()[1], &want_loss, sizeof(double)) == 0);
+        } else {
+          CHECK(std::memcmp(retained_output.data(), output.data(), 4 * output.size()) == 0);
+        }
+
+        // Rebuilt into a NaN-filled entry: Forward's bytes, header included; the loss is not
+        // recorded again.
+        model->StartIteration(4);
+        const std::size_t saved_bytes = static_cast<std::size_t>(model->SavedBytes(chunk, false));
+        std::vector<float> rebuilt(saved_bytes / 4, std::numeric_limits<float>::quiet_NaN());
+        REQUIRE(model->RecomputeSaved(1, chunk, blocks[1].data(), rebuilt.data(), mode).ok());
+        CHECK(std::memcmp(rebuilt.data(), want_saved.data(), saved_bytes) == 0);
+        CHECK(std::isnan(model->losses()[1]));
+
+        // The other mode, or another microbatch, does not match the block's header.
+        const Recompute other = mode == Recompute::kLean ? Recompute::kFull : Recompute::kLean;
+        absl::Status s = model->RecomputeSaved(1, chunk, blocks[1].data(), rebuilt.data(), other);
+        CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+        CHECK(MessageContains(s, mode == Recompute::kLean ? "'retained lean', expected 'retained "
+                                                            "full'"
+                                                          : "'retained full', expected 'retained "
+                                                            "lean'"));
+        s = model->RecomputeSaved(0, chunk, blocks[1].data(), rebuilt.data(), mode);
+        CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+        CHECK(MessageContains(s, "belongs to mb 1"));
+        // A retained block is not a saved entry.
+        s = model->Backward(1, chunk, c.is_last() ? nullptr : input.data(),
+                            c.is_first() ? nullptr : output.data(), blocks[1].data(), true);
+        CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+      }
+    }
+    CHECK(model->RetainedBytes(0, Recompute::kNone, false) == -1);
+    CHECK(model->RetainedBytes(2, Recompute::kFull, false) == -1);
+    std::vector<float> block(static_cast<std::size_t>(model->SavedBytes(0, false) / 4));
+    const absl::Status s = model->ForwardRetaining(0, 0, stage == 0 ? nullptr : input.data(),
+                                                   block.data(), block.data(), Recompute::kNone);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(MessageContains(s, "mode is none"));
+  }
 }
 
 TEST_CASE("misrouted stash entries and bad calls give clear errors", "[gpt][stash]") {
