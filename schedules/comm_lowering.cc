@@ -4,7 +4,8 @@
 //
 // Algorithm. Rounds over the stages in ascending order; in each round a stage appends its next
 // compute op when that op is ready:
-//   F(l)  when l == 0, its RECV_F is already on this stage, or the local F(l-1) is placed;
+//   F(l)  when l == 0, its RECV_F is already on this stage, or the local F(l-1) is placed (a
+//         neighbour on the same stage: p == 1, or V placement's turn at stage p - 1);
 //   B(l)  when l == L-1 and its own F is placed, its RECV_B is already on this stage, or the
 //         local B(l+1) is placed;
 //   W(l)  when its own B is placed.
@@ -55,6 +56,7 @@ class Lowering {
   explicit Lowering(const PipelineSpec& spec)
       : p_(spec.num_stages),
         m_(spec.num_microbatches),
+        map_(spec.stage_map()),
         num_layers_(spec.num_stages * spec.chunks_per_stage),
         split_(spec.split_backward),
         flags_(Size(), 0) {}
@@ -104,7 +106,7 @@ class Lowering {
           if (kind == OpKind::kBackwardWeight && !split_) continue;
           if (!(flags_[Index(l, mb)] & PlacedBit(kind))) {
             return Malformed(absl::StrCat("stage ", StageOf(l), " lacks ",
-                                          OpToString(Op{kind, mb, l / p_, -1})));
+                                          OpToString(Op{kind, mb, map_.chunk_of(l), -1})));
           }
         }
       }
@@ -175,8 +177,8 @@ class Lowering {
   std::size_t Index(int layer, int mb) const {
     return static_cast<std::size_t>(mb) * num_layers_ + layer;
   }
-  int Layer(int stage, int chunk) const { return chunk * p_ + stage; }
-  int StageOf(int layer) const { return layer % p_; }
+  int Layer(int stage, int chunk) const { return map_.virtual_stage(stage, chunk); }
+  int StageOf(int layer) const { return map_.stage_of(layer); }
   // Per-entry flag bits, one byte per (l, mb) so a readiness check touches one cache line.
   static constexpr std::uint8_t kForwardPlaced = 1;
   static constexpr std::uint8_t kBackwardPlaced = 2;
@@ -225,13 +227,13 @@ class Lowering {
     if (op.kind == OpKind::kForward && l + 1 < num_layers_ && StageOf(l + 1) != d) {
       const int peer = StageOf(l + 1);
       lowered[d].ops.push_back(Op{OpKind::kSendActivation, op.mb, op.chunk, peer});
-      lowered[peer].ops.push_back(Op{OpKind::kRecvActivation, op.mb, (l + 1) / p_, d});
+      lowered[peer].ops.push_back(Op{OpKind::kRecvActivation, op.mb, map_.chunk_of(l + 1), d});
       flags_[Index(l + 1, op.mb)] |= kRecvForward;
       Wake(peer);
     } else if (op.kind == OpKind::kBackward && l > 0 && StageOf(l - 1) != d) {
       const int peer = StageOf(l - 1);
       lowered[d].ops.push_back(Op{OpKind::kSendGrad, op.mb, op.chunk, peer});
-      lowered[peer].ops.push_back(Op{OpKind::kRecvGrad, op.mb, (l - 1) / p_, d});
+      lowered[peer].ops.push_back(Op{OpKind::kRecvGrad, op.mb, map_.chunk_of(l - 1), d});
       flags_[Index(l - 1, op.mb)] |= kRecvBackward;
       Wake(peer);
     }
@@ -241,11 +243,11 @@ class Lowering {
   std::string WaitsFor(int d, const Op& op) const {
     const int l = Layer(d, op.chunk);
     if (op.kind == OpKind::kForward) {
-      return absl::StrCat("F", op.mb, ".", (l - 1) / p_, " on stage ", StageOf(l - 1));
+      return absl::StrCat("F", op.mb, ".", map_.chunk_of(l - 1), " on stage ", StageOf(l - 1));
     }
     if (op.kind == OpKind::kBackward) {
       if (l == num_layers_ - 1) return absl::StrCat("its own F", op.mb, ".", op.chunk);
-      return absl::StrCat("B", op.mb, ".", (l + 1) / p_, " on stage ", StageOf(l + 1));
+      return absl::StrCat("B", op.mb, ".", map_.chunk_of(l + 1), " on stage ", StageOf(l + 1));
     }
     return absl::StrCat("its own B", op.mb, ".", op.chunk);
   }
@@ -274,6 +276,7 @@ class Lowering {
 
   int p_;
   int m_;
+  VirtualStageMap map_;
   int num_layers_;
   bool split_;
   std::vector<std::uint8_t> flags_;  // bits above, indexed mb * L + l

@@ -3,7 +3,9 @@
 // check each step alone. Pure functions of their arguments; no I/O.
 //
 // Notation (pipeoffload.md section 0): p = num_stages, m = num_microbatches, v = chunks_per_stage,
-// g = group_size, L = p * v virtual stages; chunk c on stage d is virtual stage l = c * p + d.
+// g = group_size, L = p * v virtual stages; chunk c on stage d is virtual stage l = c * p + d
+// under loop placement (1f1b, interleaved, group-interleaved) and d or 2p - 1 - d under V
+// placement (zbv, dualpipev): VirtualStageMap in schedule.h.
 #ifndef PIPEOFFLOAD_SCHEDULES_FAMILIES_H_
 #define PIPEOFFLOAD_SCHEDULES_FAMILIES_H_
 
@@ -59,6 +61,13 @@ std::vector<StageProgram> BuildOneFOneBOrder(const PipelineSpec& spec);
 // interleaved (v >= 2, m % p == 0): Megatron's order; makespan 3mv + 3(p - 1) unsplit,
 //   3mv + 2(p - 1) split; stage d peaks at min(2(p-d-1) + (v-1)p + 1, mv).
 std::vector<StageProgram> BuildInterleavedOrder(const PipelineSpec& spec);
+// zbv (v = 2, V placement, split, any m >= 1): torch's ScheduleZBVZeroBubble, op for op
+//   (zbv.cc has the phases); chunk 0 of stage d is virtual stage d, chunk 1 is 2p - 1 - d.
+std::vector<StageProgram> BuildZbvOrder(const PipelineSpec& spec);
+// dualpipev (v = 2, V placement, split, m >= 2p): torch's ScheduleDualPipeV with each
+//   OVERLAP_F_B as its forward then its full backward (B and W), and each full backward as B
+//   and W back to back (dualpipev.cc has the steps and why).
+std::vector<StageProgram> BuildDualPipeVOrder(const PipelineSpec& spec);
 // group-interleaved (ceil(p/2) <= g <= p, any v >= 1, any m >= 1). Decisions, all tested:
 //  - v = 1 is accepted: microbatch k = n g + j then sits at slot 3k whatever g is, so the order
 //    is exactly 1F1B's;

@@ -158,6 +158,8 @@ absl::StatusOr<SlotTimeline> ShiftForDependencies(SlotTimeline timeline, int chu
 absl::StatusOr<SlotTimeline> Squeeze(SlotTimeline timeline, int chunks, int num_microbatches) {
   const int p = static_cast<int>(timeline.size());
   const int num_layers = p * chunks;  // L
+  // Group-interleaved builds loop placement only (its blocks assume chunk c at c * p + d).
+  const VirtualStageMap map{Placement::kLoop, p, chunks};
   // Slot in which F / B of (virtual stage l, mb) finished, indexed mb * L + l (microbatch-major:
   // stages busy at the same time work on nearby microbatches).
   constexpr std::int64_t kNotYet = std::numeric_limits<std::int64_t>::max();
@@ -207,7 +209,7 @@ absl::StatusOr<SlotTimeline> Squeeze(SlotTimeline timeline, int chunks, int num_
       queued[d] = 0;
       if (cursor[d] == timeline[d].size()) continue;
       const Op& op = timeline[d][cursor[d]].op;
-      const int layer = op.chunk * p + d;
+      const int layer = map.virtual_stage(d, op.chunk);
       bool ready = true;  // W, F of the first and B of the last virtual stage
       if (op.kind == OpKind::kForward && layer > 0) {
         ready = forward_done[index(layer - 1, op.mb)] < slot;
@@ -221,14 +223,14 @@ absl::StatusOr<SlotTimeline> Squeeze(SlotTimeline timeline, int chunks, int num_
     // Finish this slot's passes only now: a dependency must end in an earlier slot.
     for (int d : started) {
       const Op& op = timeline[d][cursor[d]].op;
-      const int layer = op.chunk * p + d;
+      const int layer = map.virtual_stage(d, op.chunk);
       if (op.kind == OpKind::kForward) {
         forward_done[index(layer, op.mb)] = slot;
-        if (layer + 1 < num_layers) wake((layer + 1) % p);
+        if (layer + 1 < num_layers) wake(map.stage_of(layer + 1));
       }
       if (op.kind == OpKind::kBackward) {
         backward_done[index(layer, op.mb)] = slot;
-        if (layer > 0) wake((layer - 1) % p);
+        if (layer > 0) wake(map.stage_of(layer - 1));
       }
       wake(d);
       ++cursor[d];

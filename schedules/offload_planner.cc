@@ -203,7 +203,7 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
     params.reload_margin =
         cost.reload_margin_in_backward_times * cost.BackwardTime(s, spec.split_backward);
     group.plans.emplace_back(s, std::move(ops), spec.split_backward, params,
-                             [&](int chunk) { return cost.ActivationBytes(s, chunk, p); });
+                             [&](int chunk) { return cost.ActivationBytes(s, chunk, spec.stage_map()); });
     group.engines.emplace_back();
     group.h2d_ends.emplace_back();
     group.cached.emplace_back(group.plans.back().entries().size());
@@ -334,7 +334,7 @@ bool AtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
   for (int s = 0; s < p; ++s) {
     std::int64_t largest = 0;
     for (int c = 0; c < lowered.spec.chunks_per_stage; ++c) {
-      largest = std::max(largest, cost.ActivationBytes(s, c, p));
+      largest = std::max(largest, cost.ActivationBytes(s, c, lowered.spec.stage_map()));
     }
     if (predictions.stages[s].peak_bytes > 2 * largest) return false;
   }

@@ -136,13 +136,52 @@ absl::Status ResolveGroupInterleaved(PipelineSpec& spec) {
   return absl::OkStatus();
 }
 
+// zbv and dualpipev: torch's V schedules. The family fixes the placement (v) and the split
+// backward (torch's orders place every W themselves; an unsplit variant would be another order).
+absl::Status ResolveVShape(PipelineSpec& spec) {
+  const std::string name(FamilyName(spec.family));
+  if (spec.chunks_per_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " needs chunks_per_stage == 2 (got v=", spec.chunks_per_stage,
+        "): V placement puts virtual stages d and 2p - 1 - d on stage d"));
+  }
+  if (spec.group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " takes no group size: group_size must be 0 (got ", spec.group_size, ")"));
+  }
+  if (spec.family == Family::kDualPipeV && spec.num_microbatches < 2 * spec.num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dualpipev needs num_microbatches >= 2 * num_stages (m=", spec.num_microbatches,
+        ", p=", spec.num_stages, ", so m >= ", 2 * spec.num_stages,
+        "), as torch's ScheduleDualPipeV does"));
+  }
+  spec.placement = Placement::kV;
+  spec.split_backward = true;
+  return absl::OkStatus();
+}
+
+// The loop families build loop placement only.
+absl::Status RequireLoopPlacement(const PipelineSpec& spec) {
+  if (spec.placement == Placement::kLoop) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(FamilyName(spec.family)), " builds loop placement only (got placement ",
+      std::string(PlacementName(spec.placement)), "); placement v comes with the zbv and dualpipev families"));
+}
+
 }  // namespace
 
 absl::StatusOr<PipelineSpec> ResolveSpec(const PipelineSpec& spec) {
   PipelineSpec resolved = spec;
   PO_RETURN_IF_ERROR(internal::CheckSpecShape(resolved));
   PO_RETURN_IF_ERROR(CheckOffloadFields(resolved));
+  if (resolved.family != Family::kZbv && resolved.family != Family::kDualPipeV) {
+    PO_RETURN_IF_ERROR(RequireLoopPlacement(resolved));
+  }
   switch (resolved.family) {
+    case Family::kZbv:
+    case Family::kDualPipeV:
+      PO_RETURN_IF_ERROR(ResolveVShape(resolved));
+      return resolved;
     case Family::k1F1B:
       PO_RETURN_IF_ERROR(ResolveOneFOneB(resolved));
       return resolved;
@@ -155,7 +194,7 @@ absl::StatusOr<PipelineSpec> ResolveSpec(const PipelineSpec& spec) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown family ", static_cast<int>(spec.family),
-                   "; accepted: 1f1b, interleaved, group-interleaved"));
+                   "; accepted: 1f1b, interleaved, group-interleaved, zbv, dualpipev"));
 }
 
 // The cost model does not shape the order: every family here is defined in unit slots, and the
@@ -177,6 +216,12 @@ absl::StatusOr<Schedule> BuildComputeOrder(const PipelineSpec& spec, const CostM
       PO_ASSIGN_OR_RETURN(schedule.stages, internal::BuildGroupInterleavedOrder(resolved));
       break;
     }
+    case Family::kZbv:
+      schedule.stages = internal::BuildZbvOrder(resolved);
+      break;
+    case Family::kDualPipeV:
+      schedule.stages = internal::BuildDualPipeVOrder(resolved);
+      break;
   }
   return schedule;
 }

@@ -110,13 +110,14 @@ std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost
                                   const std::vector<TimedOp>& timed, int s, double share,
                                   int chunks) {
   const PipelineSpec& spec = lowered.spec;
-  const int p = spec.num_stages, m = spec.num_microbatches;
+  const int m = spec.num_microbatches;
+  const VirtualStageMap map = spec.stage_map();
   const std::vector<Op>& ops = lowered.stages[s].ops;
   std::vector<double> use_start(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0.0);
   int first_backward = static_cast<int>(ops.size());
   std::int64_t total = 0;
   for (int i = static_cast<int>(ops.size()) - 1; i >= 0; --i) {
-    if (ops[i].kind == OpKind::kForward) total += cost.ActivationBytes(s, ops[i].chunk, p);
+    if (ops[i].kind == OpKind::kForward) total += cost.ActivationBytes(s, ops[i].chunk, map);
     if (ops[i].kind != OpKind::kBackward) continue;
     use_start[static_cast<std::size_t>(ops[i].chunk) * m + ops[i].mb] = timed[i].start;
     first_backward = i;
@@ -127,7 +128,7 @@ std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost
   std::vector<int> forwards;
   for (int i = 0; i < first_backward; ++i) {
     const Op& op = ops[i];
-    const std::int64_t bytes = cost.ActivationBytes(s, op.chunk, p);
+    const std::int64_t bytes = cost.ActivationBytes(s, op.chunk, map);
     if (op.kind != OpKind::kForward || bytes <= 0 || !Candidate(spec, op.chunk) ||
         op.chunk >= chunks) {
       continue;

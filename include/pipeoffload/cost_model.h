@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pipeoffload/schedule.h"
 
 namespace pipeoffload {
 
@@ -56,7 +57,10 @@ struct CostModel {
   // duration (reference planner: one B duration).
   double reload_margin_in_backward_times = 1.0;
 
-  // Bytes of entry (mb, chunk) on `stage` for a pipeline of `num_stages` stages.
+  // Bytes of entry (mb, chunk) on `stage`: activation_bytes_per_virtual_stage is indexed by the
+  // virtual stage `map` places that chunk at.
+  std::int64_t ActivationBytes(int stage, int chunk, const VirtualStageMap& map) const;
+  // The same under loop placement for a pipeline of `num_stages` stages.
   std::int64_t ActivationBytes(int stage, int chunk, int num_stages) const;
   // Durations on `stage` (applies stage_time_scale).
   double ForwardTime(int stage) const;

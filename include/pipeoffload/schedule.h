@@ -6,7 +6,7 @@
 //
 // Notation (reference/pipeoffload.md section 0): p = num_stages, m = num_microbatches,
 // v = chunks_per_stage, g = group_size. Chunk c on stage d holds layer group (virtual stage)
-// c * p + d ("loop" placement).
+// c * p + d under "loop" placement, and d or 2p - 1 - d under "v" placement (VirtualStageMap).
 #ifndef PIPEOFFLOAD_SCHEDULE_H_
 #define PIPEOFFLOAD_SCHEDULE_H_
 
@@ -83,9 +83,44 @@ enum class Family : std::uint8_t {
   k1F1B,              // "1f1b"
   kInterleaved,       // "interleaved": Megatron-style interleaved 1F1B, loop placement
   kGroupInterleaved,  // "group-interleaved": building blocks of group size g (pipeoffload.md 1.3)
+  kZbv,               // "zbv": torch's ScheduleZBVZeroBubble (ZB-V), V placement, split B/W
+  kDualPipeV,         // "dualpipev": torch's ScheduleDualPipeV, V placement, split B/W
 };
 std::string_view FamilyName(Family family);
 std::optional<Family> FamilyFromName(std::string_view name);
+
+// Which layer groups (virtual stages) a stage's chunks hold (issue 15).
+enum class Placement : std::uint8_t {
+  kLoop,  // "loop": chunk c of stage d is virtual stage c * p + d (Megatron, torch's Interleaved1F1B)
+  kV,     // "v": v = 2; chunk 0 of stage d is virtual stage d, chunk 1 is 2p - 1 - d (torch's
+          //      ZBVZeroBubble and DualPipeV: stage s on rank s for s < p, else on 2p - 1 - s)
+};
+std::string_view PlacementName(Placement placement);
+std::optional<Placement> PlacementFromName(std::string_view name);
+
+// The one mapping between (stage, chunk) and virtual stages; every pass, the simulator, the
+// runtime and the CSV reader use it instead of writing the formula out. Under V the first and the
+// last virtual stage share stage 0 and the middle two (p - 1 and p) share stage p - 1, which
+// hands data between them locally. REQUIRES: placement kV only with chunks == 2 (ResolveSpec and
+// Validate say so for other v).
+struct VirtualStageMap {
+  Placement placement = Placement::kLoop;
+  int num_stages = 1;  // p
+  int chunks = 1;      // v
+
+  int num_virtual_stages() const { return num_stages * chunks; }
+  int virtual_stage(int stage, int chunk) const {
+    if (placement == Placement::kV && chunk == 1) return 2 * num_stages - 1 - stage;
+    return chunk * num_stages + stage;
+  }
+  int stage_of(int virtual_stage) const {
+    if (placement == Placement::kV && virtual_stage >= num_stages) {
+      return 2 * num_stages - 1 - virtual_stage;
+    }
+    return virtual_stage % num_stages;
+  }
+  int chunk_of(int virtual_stage) const { return virtual_stage / num_stages; }
+};
 
 // Which activations leave the device (issue 3). kNone plans no transfers.
 enum class OffloadPolicy : std::uint8_t {
@@ -114,7 +149,10 @@ struct PipelineSpec {
   std::int64_t memory_budget_bytes = 0;  // auto: per-stage activation budget
   bool strict = false;  // fail instead of planning less offload than requested
 
+  Placement placement = Placement::kLoop;  // kV needs v = 2
+
   int num_virtual_stages() const { return num_stages * chunks_per_stage; }
+  VirtualStageMap stage_map() const { return {placement, num_stages, chunks_per_stage}; }
 
   friend bool operator==(const PipelineSpec&, const PipelineSpec&) = default;
 };

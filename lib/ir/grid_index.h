@@ -81,11 +81,6 @@ inline std::string FormatViolation(const std::vector<StageProgram>& programs,
   return out;
 }
 
-// Loop placement (schedule.h): chunk c on stage d is virtual stage l = c * p + d.
-inline int VirtualStageOf(int stage, int chunk, int num_stages) {
-  return chunk * num_stages + stage;
-}
-
 // SEND_F <-> RECV_F, SEND_B <-> RECV_B.
 inline OpKind PartnerKind(OpKind kind) {
   switch (kind) {
@@ -109,6 +104,26 @@ inline int NeighbourVirtualStage(OpKind kind, int virtual_stage) {
   return downstream ? virtual_stage + 1 : virtual_stage - 1;
 }
 
+// What F or B of (mb, chunk) on `stage` waits for from its neighbouring virtual stage (l - 1 for
+// F, l + 1 for B): the RECV_F / RECV_B on this stage when that neighbour lives on another stage,
+// or the neighbour's own F / B when it lives on this one (p == 1, or V placement's turn, virtual
+// stages p - 1 and p on stage p - 1), which hands the data over locally. nullopt for F of the
+// first and B of the last virtual stage, and for every other kind.
+struct NeighbourInput {
+  OpKind kind = OpKind::kForward;
+  int chunk = 0;       // the chunk, on `stage`, of the op named by `kind`
+  bool local = false;  // the neighbour's own op (no message)
+};
+inline std::optional<NeighbourInput> InputOf(const VirtualStageMap& map, int stage, OpKind kind,
+                                             int chunk) {
+  if (kind != OpKind::kForward && kind != OpKind::kBackward) return std::nullopt;
+  const bool forward = kind == OpKind::kForward;
+  const int neighbour = map.virtual_stage(stage, chunk) + (forward ? -1 : 1);
+  if (neighbour < 0 || neighbour >= map.num_virtual_stages()) return std::nullopt;
+  if (map.stage_of(neighbour) == stage) return NeighbourInput{kind, map.chunk_of(neighbour), true};
+  return NeighbourInput{forward ? OpKind::kRecvActivation : OpKind::kRecvGrad, chunk, false};
+}
+
 // Invariant 1: the spec's sizes, one program per stage in order, every op's mb, chunk and peer
 // in range (peer -1 on ops without one). Also the cheap part of invariant 2 that bounds the
 // index's size: a stage needs at least 2*m*v ops, so p*m*v above the total op count is reported
@@ -122,6 +137,16 @@ inline std::optional<GridViolation> CheckShape(const Schedule& schedule) {
                        "(got p=" +
                            std::to_string(p) + ", m=" + std::to_string(m) +
                            ", v=" + std::to_string(v) + ")");
+  }
+  if (PlacementName(spec.placement) == "?") {
+    return ViolationAt(kShape, -1, -1,
+                       "unknown placement " + std::to_string(static_cast<int>(spec.placement)) +
+                           " (accepted: loop, v)");
+  }
+  if (spec.placement == Placement::kV && v != 2) {
+    return ViolationAt(kShape, -1, -1,
+                       "placement v needs chunks_per_stage == 2 (got v=" + std::to_string(v) +
+                           "): each stage holds virtual stages d and 2p - 1 - d");
   }
   if (schedule.stages.size() != static_cast<std::size_t>(p)) {
     return ViolationAt(kShape, -1, -1,
@@ -195,14 +220,15 @@ inline std::optional<GridViolation> CheckShape(const Schedule& schedule) {
 // when p == 1, where the local op is the dependency). REQUIRES: CheckShape passed.
 inline std::optional<GridViolation> CheckPeers(const Schedule& schedule) {
   const int p = schedule.spec.num_stages;
-  const int num_virtual = p * schedule.spec.chunks_per_stage;
+  const VirtualStageMap map = schedule.spec.stage_map();
+  const int num_virtual = map.num_virtual_stages();
   for (int d = 0; d < p; ++d) {
     const std::vector<Op>& ops = schedule.stages[static_cast<std::size_t>(d)].ops;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       if (!IsP2P(op.kind)) continue;
       const int index = static_cast<int>(i);
-      const int l = VirtualStageOf(d, op.chunk, p);
+      const int l = map.virtual_stage(d, op.chunk);
       const int neighbour = NeighbourVirtualStage(op.kind, l);
       if (p == 1) {
         return ViolationAt(kMatching, d, index,
@@ -215,12 +241,19 @@ inline std::optional<GridViolation> CheckPeers(const Schedule& schedule) {
                                (neighbour < 0 ? "previous" : "next") +
                                " virtual stage to talk to (L=" + std::to_string(num_virtual) + ")");
       }
-      if (op.peer != neighbour % p) {
+      if (map.stage_of(neighbour) == d) {
+        return ViolationAt(kMatching, d, index,
+                           "virtual stages " + std::to_string(l) + " and " +
+                               std::to_string(neighbour) + " are both on stage " +
+                               std::to_string(d) +
+                               " (V placement), which hands data over locally: no comm");
+      }
+      if (op.peer != map.stage_of(neighbour)) {
         return ViolationAt(kMatching, d, index,
                            "mismatched peer: it names stage " + std::to_string(op.peer) +
                                " but virtual stage " + std::to_string(neighbour) +
                                " (the neighbour of " + std::to_string(l) + ") lives on stage " +
-                               std::to_string(neighbour % p));
+                               std::to_string(map.stage_of(neighbour)));
       }
     }
   }
@@ -240,7 +273,8 @@ class ScheduleIndex {
   explicit ScheduleIndex(const Schedule& schedule)
       : p_(schedule.spec.num_stages),
         m_(schedule.spec.num_microbatches),
-        v_(schedule.spec.chunks_per_stage) {
+        v_(schedule.spec.chunks_per_stage),
+        map_(schedule.spec.stage_map()) {
     const std::size_t entries = static_cast<std::size_t>(m_) * static_cast<std::size_t>(v_);
     positions_.assign(static_cast<std::size_t>(p_), std::vector<int>(entries * kKeyedKinds, -1));
     partners_.resize(static_cast<std::size_t>(p_));
@@ -291,9 +325,11 @@ class ScheduleIndex {
             partner = it->second[static_cast<std::size_t>(k)];
           }
         } else if (IsP2P(op.kind) && p_ > 1) {
-          const int neighbour = NeighbourVirtualStage(op.kind, VirtualStageOf(d, op.chunk, p_));
-          if (neighbour < 0 || neighbour >= p_ * v_ || neighbour % p_ != op.peer) continue;
-          const int j = Position(op.peer, PartnerKind(op.kind), op.mb, neighbour / p_);
+          const int neighbour = NeighbourVirtualStage(op.kind, map_.virtual_stage(d, op.chunk));
+          if (neighbour < 0 || neighbour >= p_ * v_ || map_.stage_of(neighbour) != op.peer) {
+            continue;
+          }
+          const int j = Position(op.peer, PartnerKind(op.kind), op.mb, map_.chunk_of(neighbour));
           if (j >= 0 && schedule.stages[static_cast<std::size_t>(op.peer)]
                                 .ops[static_cast<std::size_t>(j)]
                                 .peer == d) {
@@ -333,6 +369,7 @@ class ScheduleIndex {
   }
 
   int p_, m_, v_;
+  VirtualStageMap map_;
   std::vector<std::vector<int>> positions_;  // [stage][key]
   std::vector<std::vector<int>> partners_;   // [stage][op index]
   std::array<std::optional<GridViolation>, 3> duplicates_;

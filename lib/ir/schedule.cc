@@ -13,10 +13,17 @@ constexpr std::array<std::string_view, kNumOpKinds> kOpKindNames = {
     "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OFFLOAD", "RELEASE", "RELOAD",
     "BARRIER", "RECOMPUTE", "RECOMPUTE_LEAN"};
 
-constexpr std::array<std::pair<Family, std::string_view>, 3> kFamilyNames = {{
+constexpr std::array<std::pair<Family, std::string_view>, 5> kFamilyNames = {{
     {Family::k1F1B, "1f1b"},
     {Family::kInterleaved, "interleaved"},
     {Family::kGroupInterleaved, "group-interleaved"},
+    {Family::kZbv, "zbv"},
+    {Family::kDualPipeV, "dualpipev"},
+}};
+
+constexpr std::array<std::pair<Placement, std::string_view>, 2> kPlacementNames = {{
+    {Placement::kLoop, "loop"},
+    {Placement::kV, "v"},
 }};
 
 constexpr std::array<std::pair<OffloadPolicy, std::string_view>, 5> kPolicyNames = {{
@@ -99,6 +106,12 @@ std::string_view FamilyName(Family family) { return NameOf(kFamilyNames, family)
 
 std::optional<Family> FamilyFromName(std::string_view name) {
   return ValueOf(kFamilyNames, name);
+}
+
+std::string_view PlacementName(Placement placement) { return NameOf(kPlacementNames, placement); }
+
+std::optional<Placement> PlacementFromName(std::string_view name) {
+  return ValueOf(kPlacementNames, name);
 }
 
 std::string_view OffloadPolicyName(OffloadPolicy policy) {

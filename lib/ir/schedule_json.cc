@@ -27,6 +27,10 @@ OrderedJson SpecToJson(const PipelineSpec& spec) {
   out["chunks"] = spec.chunks_per_stage;
   out["group_size"] = spec.group_size;
   out["split_backward"] = spec.split_backward;
+  // Written only when not the default, so that every loop-placed file stays byte-identical.
+  if (spec.placement != Placement::kLoop) {
+    out["placement"] = std::string(PlacementName(spec.placement));
+  }
   out["offload"] = std::string(OffloadPolicyName(spec.offload));
   out["offload_fraction"] = DoubleToJson(spec.offload_fraction);
   out["offload_chunks"] = spec.offload_chunks;
@@ -141,8 +145,8 @@ void AppendPredictions(const Predictions& predictions, std::string* out) {
 absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* spec) {
   PO_RETURN_IF_ERROR(CheckObjectKeys(
       value, path,
-      {"family", "stages", "microbatches", "chunks", "group_size", "split_backward", "offload",
-       "offload_fraction", "offload_chunks", "memory_budget_bytes", "strict"}));
+      {"family", "stages", "microbatches", "chunks", "group_size", "split_backward", "placement",
+       "offload", "offload_fraction", "offload_chunks", "memory_budget_bytes", "strict"}));
   std::string family;
   PO_RETURN_IF_ERROR(ReadMember(value, path, "family", &family));
   const std::optional<Family> parsed_family = FamilyFromName(family);
@@ -160,6 +164,17 @@ absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* sp
   PO_RETURN_IF_ERROR(ReadMember(value, path, "group_size", &spec->group_size, kOptional));
   PO_RETURN_IF_ERROR(
       ReadMember(value, path, "split_backward", &spec->split_backward, kOptional));
+  if (const Json* placement = FindMember(value, "placement"); placement != nullptr) {
+    std::string name;
+    PO_RETURN_IF_ERROR(ReadValue(*placement, JoinPath(path, "placement"), &name));
+    const std::optional<Placement> parsed = PlacementFromName(name);
+    if (!parsed.has_value()) {
+      return FieldError(JoinPath(path, "placement"),
+                        absl::StrCat("unknown placement \"", Echo(name), "\"; expected one of ",
+                                     AllNames<Placement>(PlacementName)));
+    }
+    spec->placement = *parsed;
+  }
   if (const Json* offload = FindMember(value, "offload"); offload != nullptr) {
     std::string policy;
     PO_RETURN_IF_ERROR(ReadValue(*offload, JoinPath(path, "offload"), &policy));

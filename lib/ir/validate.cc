@@ -43,6 +43,7 @@ class Validator {
         p_(schedule.spec.num_stages),
         m_(schedule.spec.num_microbatches),
         v_(schedule.spec.chunks_per_stage),
+        map_(schedule.spec.stage_map()),
         split_(schedule.spec.split_backward) {}
 
   std::optional<GridViolation> Run() {
@@ -96,9 +97,9 @@ class Validator {
         }
         if (!IsP2P(op.kind) || index_.Partner(d, index) >= 0) continue;
         const int neighbour =
-            internal::NeighbourVirtualStage(op.kind, internal::VirtualStageOf(d, op.chunk, p_));
+            internal::NeighbourVirtualStage(op.kind, map_.virtual_stage(d, op.chunk));
         const std::string expected =
-            Named(internal::PartnerKind(op.kind), op.mb, neighbour / p_, d);
+            Named(internal::PartnerKind(op.kind), op.mb, map_.chunk_of(neighbour), d);
         return ViolationAt(
             internal::kMatching, d, index,
             std::string(IsSend(op.kind) ? "SEND without RECV" : "RECV without SEND") +
@@ -178,26 +179,21 @@ class Validator {
 
   // Invariant 4: each F/B has its input before it; each SEND follows the op producing its data.
   std::optional<GridViolation> Dataflow() const {
-    const int num_virtual = p_ * v_;
     for (int d = 0; d < p_; ++d) {
       const std::vector<Op>& ops = Ops(d);
       for (std::size_t i = 0; i < ops.size(); ++i) {
         const Op& op = ops[i];
         const int index = static_cast<int>(i);
-        const int l = internal::VirtualStageOf(d, op.chunk, p_);
         std::string problem;
-        if (op.kind == OpKind::kForward && l > 0) {
-          problem = p_ > 1 ? NeedsBefore(d, index, "F", "RECV_F", OpKind::kRecvActivation, op.mb,
-                                         op.chunk, (l - 1) % p_)
-                           : NeedsBefore(d, index, "F",
-                                         "local F of virtual stage " + std::to_string(l - 1),
-                                         OpKind::kForward, op.mb, op.chunk - 1, -1);
-        } else if (op.kind == OpKind::kBackward && l < num_virtual - 1) {
-          problem = p_ > 1 ? NeedsBefore(d, index, "B", "RECV_B", OpKind::kRecvGrad, op.mb,
-                                         op.chunk, (l + 1) % p_)
-                           : NeedsBefore(d, index, "B",
-                                         "local B of virtual stage " + std::to_string(l + 1),
-                                         OpKind::kBackward, op.mb, op.chunk + 1, -1);
+        if (const auto in = internal::InputOf(map_, d, op.kind, op.chunk)) {
+          const std::string subject(OpKindName(op.kind));
+          const int l = map_.virtual_stage(d, op.chunk) + (op.kind == OpKind::kForward ? -1 : 1);
+          problem = in->local
+                        ? NeedsBefore(d, index, subject,
+                                      "local " + subject + " of virtual stage " + std::to_string(l),
+                                      in->kind, op.mb, in->chunk, -1)
+                        : NeedsBefore(d, index, subject, std::string(OpKindName(in->kind)),
+                                      in->kind, op.mb, op.chunk, map_.stage_of(l));
         } else if (op.kind == OpKind::kSendActivation) {
           problem =
               NeedsBefore(d, index, "SEND_F", "producer F", OpKind::kForward, op.mb, op.chunk, -1);
@@ -328,6 +324,7 @@ class Validator {
   const Schedule& schedule_;
   const ScheduleIndex& index_;
   const int p_, m_, v_;
+  const VirtualStageMap map_;
   const bool split_;
 };
 

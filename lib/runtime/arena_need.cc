@@ -14,10 +14,10 @@ namespace {
 // A StageModel that has sizes and nothing else, for the executor's program walk.
 class SizesOnlyModel final : public StageModel {
  public:
-  SizesOnlyModel(const ModelSizes& sizes, int stage, int num_stages)
-      : sizes_(sizes), stage_(stage), num_stages_(num_stages) {}
+  SizesOnlyModel(const ModelSizes& sizes, int stage, const VirtualStageMap& map)
+      : sizes_(sizes), stage_(stage), map_(map) {}
   std::int64_t SavedBytes(int chunk, bool) const override {
-    return sizes_.saved_bytes[static_cast<std::size_t>(chunk * num_stages_ + stage_)];
+    return sizes_.saved_bytes[static_cast<std::size_t>(map_.virtual_stage(stage_, chunk))];
   }
   std::int64_t BoundaryBytes() const override { return sizes_.boundary_bytes; }
   absl::Status Forward(int, int, const void*, void*, void*) override { return Unused(); }
@@ -28,7 +28,7 @@ class SizesOnlyModel final : public StageModel {
   static absl::Status Unused() { return absl::InternalError("SizesOnlyModel computes nothing"); }
   const ModelSizes& sizes_;
   const int stage_;
-  const int num_stages_;
+  const VirtualStageMap map_;
 };
 
 }  // namespace
@@ -57,7 +57,7 @@ absl::StatusOr<ArenaNeed> StageArenaNeed(const Schedule& schedule, int stage,
     return absl::InvalidArgumentError("arena sizing: a planned P2P reserve needs the lifetimes");
   }
   const StageProgram& program = schedule.stages[static_cast<std::size_t>(stage)];
-  const SizesOnlyModel model(sizes, stage, spec.num_stages);
+  const SizesOnlyModel model(sizes, stage, spec.stage_map());
   PO_ASSIGN_OR_RETURN(const internal::ProgramNeeds needs,
                       internal::CheckStageProgram(spec, program, model, alignment));
   P2PLifetimes worst;

@@ -49,7 +49,8 @@ absl::StatusOr<void*> StageExecutor::TakeInput(int index, const Op& op, bool act
     return buffer;
   }
   if (place_.stage_of(producer) == stage_) {
-    // p = 1: the neighbouring virtual stage is a chunk of this stage; no message is involved.
+    // p = 1, or V placement's turn (virtual stages p - 1 and p on stage p - 1): the
+    // neighbouring virtual stage is a chunk of this stage; no message is involved.
     std::map<Key, void*>& local = activation ? activations_ : grads_;
     auto produced = local.find(Key(op.mb, place_.chunk_of(producer)));
     if (produced == local.end()) {

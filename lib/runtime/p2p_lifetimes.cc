@@ -40,8 +40,7 @@ absl::Status Malformed(const std::string& detail) {
 absl::StatusOr<P2PLifetimes> WalkP2P(const PipelineSpec& spec, const StageProgram& program,
                                      const std::vector<int>& guarantee_points) {
   using Key = std::tuple<bool, int, int>;  // (is_grad, mb, chunk)
-  const int p = spec.num_stages;
-  const int num_virtual = spec.num_virtual_stages();
+  const VirtualStageMap map = spec.stage_map();
   const int d = program.stage;
   const std::vector<Op>& ops = program.ops;
   const int n = static_cast<int>(ops.size());
@@ -71,10 +70,12 @@ absl::StatusOr<P2PLifetimes> WalkP2P(const PipelineSpec& spec, const StageProgra
   std::map<Key, int> outputs;  // F outputs / B input gradients not yet sent, by op
   std::vector<int> sends_ending(static_cast<std::size_t>(n) + 1, 0);
   int live = 0;
-  // Takes the input of F/B op j: a received message (p > 1) or the neighbouring chunk's output
-  // on this stage (p = 1). Returns 1: a block is consumed.
-  auto take = [&](int j, const Op& op, bool grad, int neighbour_chunk) -> absl::StatusOr<int> {
-    if (p > 1) {
+  // Takes the input of F/B op j: a received message, or the neighbouring chunk's output when
+  // that virtual stage is on this stage too (p = 1, V's turn). Returns 1: a block is consumed.
+  auto take = [&](int j, const Op& op, bool grad,
+                  const internal::NeighbourInput& input) -> absl::StatusOr<int> {
+    const int neighbour_chunk = input.chunk;
+    if (!input.local) {
       if (receives.erase(Key(grad, op.mb, op.chunk)) == 1) return 1;
       return Malformed(absl::StrCat(where(j), ": no ", grad ? "RECV_B" : "RECV_F", op.mb, ".",
                                     op.chunk, " was posted before it"));
@@ -86,7 +87,7 @@ absl::StatusOr<P2PLifetimes> WalkP2P(const PipelineSpec& spec, const StageProgra
   for (int j = 0; j < n; ++j) {
     const Op& op = ops[static_cast<std::size_t>(j)];
     live -= sends_ending[static_cast<std::size_t>(j)];
-    const int l = op.chunk * p + d;
+    const int l = map.virtual_stage(d, op.chunk);
     int allocated = 0, consumed = 0;
     switch (op.kind) {
       case OpKind::kRecvActivation:
@@ -99,12 +100,12 @@ absl::StatusOr<P2PLifetimes> WalkP2P(const PipelineSpec& spec, const StageProgra
       case OpKind::kForward:
       case OpKind::kBackward: {
         const bool grad = op.kind == OpKind::kBackward;
-        if (grad ? l < num_virtual - 1 : l > 0) {
-          absl::StatusOr<int> taken = take(j, op, grad, grad ? op.chunk + 1 : op.chunk - 1);
+        if (const auto input = internal::InputOf(map, d, op.kind, op.chunk)) {
+          absl::StatusOr<int> taken = take(j, op, grad, *input);
           if (!taken.ok()) return taken.status();
           consumed = *taken;
         }
-        if (grad ? l > 0 : l < num_virtual - 1) {
+        if (grad ? l > 0 : l < map.num_virtual_stages() - 1) {
           allocated = 1;
           outputs[Key(grad, op.mb, op.chunk)] = j;
         }

@@ -27,7 +27,7 @@ absl::Status CheckSpec(const PipelineSpec& spec) {
 }
 
 // The stage an op's peer must be, or -1 when the op may not exist at all on this stage.
-int ExpectedPeer(const Placement& place, int stage, const Op& op) {
+int ExpectedPeer(const VirtualStageMap& place, int stage, const Op& op) {
   const int l = place.virtual_stage(stage, op.chunk);
   const int last = place.num_virtual_stages() - 1;
   switch (op.kind) {
@@ -42,7 +42,7 @@ int ExpectedPeer(const Placement& place, int stage, const Op& op) {
   }
 }
 
-absl::Status CheckOp(const PipelineSpec& spec, const Placement& place,
+absl::Status CheckOp(const PipelineSpec& spec, const VirtualStageMap& place,
                      const StageProgram& program, int index, const Op& op) {
   const int stage = program.stage;
   if (op.kind == OpKind::kBarrier) {
@@ -69,8 +69,9 @@ absl::Status CheckOp(const PipelineSpec& spec, const Placement& place,
   }
   if (op.peer != expected) {
     return absl::InvalidArgumentError(absl::StrCat(Where(program, index, op),
-                                                   ": the peer must be stage ", expected,
-                                                   " (loop placement), not ", op.peer));
+                                                   ": the peer must be stage ", expected, " (",
+                                                   std::string(PlacementName(spec.placement)),
+                                                   " placement), not ", op.peer));
   }
   return absl::OkStatus();
 }
@@ -87,7 +88,11 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
                                                    " but the spec has ", spec.num_stages,
                                                    " stages"));
   }
-  const Placement place{spec.num_stages, spec.chunks_per_stage};
+  if (spec.placement == Placement::kV && spec.chunks_per_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executor: placement v needs chunks_per_stage == 2, got v=", spec.chunks_per_stage));
+  }
+  const VirtualStageMap place = spec.stage_map();
   std::vector<std::int64_t> saved(static_cast<std::size_t>(spec.chunks_per_stage));
   for (int chunk = 0; chunk < spec.chunks_per_stage; ++chunk) {
     saved[static_cast<std::size_t>(chunk)] = model.SavedBytes(chunk, spec.split_backward);

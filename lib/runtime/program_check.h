@@ -13,16 +13,6 @@
 
 namespace pipeoffload::internal {
 
-// Loop placement (schedule.h): chunk c of stage d is virtual stage c * p + d.
-struct Placement {
-  int num_stages = 1;  // p
-  int chunks = 1;      // v
-  int virtual_stage(int stage, int chunk) const { return chunk * num_stages + stage; }
-  int num_virtual_stages() const { return num_stages * chunks; }
-  int stage_of(int virtual_stage) const { return virtual_stage % num_stages; }
-  int chunk_of(int virtual_stage) const { return virtual_stage / num_stages; }
-};
-
 struct ProgramNeeds {
   std::int64_t stash_peak_bytes = 0;          // requested bytes, program order
   std::int64_t stash_peak_aligned_bytes = 0;  // the same with each entry rounded as the arena

@@ -82,7 +82,7 @@ class StageExecutor final : public Executor {
                 Event compute_done, std::int64_t predicted_peak_bytes)
       : spec_(spec),
         program_(program),
-        place_{spec.num_stages, spec.chunks_per_stage},
+        place_(spec.stage_map()),
         stage_(program.stage),
         model_(model),
         backend_(backend),
@@ -153,7 +153,7 @@ class StageExecutor final : public Executor {
 
   const PipelineSpec spec_;
   const StageProgram program_;
-  const Placement place_;
+  const VirtualStageMap place_;
   const int stage_;
   StageModel& model_;
   Backend& backend_;

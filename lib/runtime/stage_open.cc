@@ -160,15 +160,17 @@ absl::Status PipelineStageImpl::SizesFromGivenCosts() {
     sizes_.saved_bytes = own_saved_;
     return absl::OkStatus();
   }
+  const VirtualStageMap map = spec_.stage_map();
   sizes_.saved_bytes.clear();
   for (int l = 0; l < p * v; ++l) {
-    sizes_.saved_bytes.push_back(given.ActivationBytes(l % p, l / p, p));
+    sizes_.saved_bytes.push_back(given.ActivationBytes(map.stage_of(l), map.chunk_of(l), map));
   }
   for (int c = 0; c < v; ++c) {
-    const std::int64_t listed = sizes_.saved_bytes[static_cast<std::size_t>(c * p + stage_)];
+    const int l = map.virtual_stage(stage_, c);
+    const std::int64_t listed = sizes_.saved_bytes[static_cast<std::size_t>(l)];
     if (listed != own_saved_[static_cast<std::size_t>(c)]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "stash size mismatch: stage ", stage_, " chunk ", c, " (virtual stage ", c * p + stage_,
+          "stash size mismatch: stage ", stage_, " chunk ", c, " (virtual stage ", l,
           ") saves ", own_saved_[static_cast<std::size_t>(c)],
           " bytes (StageModel::SavedBytes) but the given cost model says ", listed,
           "; give costs.given every stage's activation_bytes_per_virtual_stage, or open the "
@@ -219,7 +221,8 @@ absl::Status PipelineStageImpl::GatherStages(absl::Status status) {
           " (the ranks were given different pipelines)"));
     }
     for (int c = 0; c < v; ++c) {
-      sizes_.saved_bytes[static_cast<std::size_t>(c * p + d)] = saved[static_cast<std::size_t>(c)];
+      sizes_.saved_bytes[static_cast<std::size_t>(spec_.stage_map().virtual_stage(d, c))] =
+          saved[static_cast<std::size_t>(c)];
     }
     if (d > 0 && boundary != sizes_.boundary_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(

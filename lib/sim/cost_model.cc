@@ -4,8 +4,12 @@
 namespace pipeoffload {
 
 std::int64_t CostModel::ActivationBytes(int stage, int chunk, int num_stages) const {
+  return ActivationBytes(stage, chunk, VirtualStageMap{Placement::kLoop, num_stages, chunk + 1});
+}
+
+std::int64_t CostModel::ActivationBytes(int stage, int chunk, const VirtualStageMap& map) const {
   if (activation_bytes_per_virtual_stage.empty()) return activation_bytes;
-  const std::size_t index = static_cast<std::size_t>(chunk) * num_stages + stage;
+  const std::size_t index = static_cast<std::size_t>(map.virtual_stage(stage, chunk));
   return index < activation_bytes_per_virtual_stage.size()
              ? activation_bytes_per_virtual_stage[index]
              : activation_bytes;

@@ -43,7 +43,7 @@ class SharedGpu {
         cost_(cost),
         index_(schedule),
         p_(schedule.spec.num_stages),
-        num_virtual_(schedule.spec.num_virtual_stages()),
+        map_(schedule.spec.stage_map()),
         split_(schedule.spec.split_backward),
         head_(static_cast<std::size_t>(p_), 0),
         parked_(static_cast<std::size_t>(p_), 0),
@@ -108,19 +108,15 @@ class SharedGpu {
 
   // Whether the head of s may start now (its own dependencies; engines checked by the caller).
   bool Ready(int s, const Op& op) {
-    const int l = internal::VirtualStageOf(s, op.chunk, p_);
+    // The neighbour's data: a RECV, or the neighbour's own op when it is on this stage.
+    const std::optional<internal::NeighbourInput> input =
+        internal::InputOf(map_, s, op.kind, op.chunk);
     switch (op.kind) {
       case OpKind::kForward:
-        if (l == 0) return true;
-        return p_ > 1 ? Finished(s, OpKind::kRecvActivation, op.mb, op.chunk)
-                      : Finished(s, OpKind::kForward, op.mb, op.chunk - 1);
+        return !input || Finished(s, input->kind, op.mb, input->chunk);
       case OpKind::kBackward:
         if (!Finished(s, OpKind::kForward, op.mb, op.chunk)) return false;
-        if (l < num_virtual_ - 1 &&
-            !(p_ > 1 ? Finished(s, OpKind::kRecvGrad, op.mb, op.chunk)
-                     : Finished(s, OpKind::kBackward, op.mb, op.chunk + 1))) {
-          return false;
-        }
+        if (input && !Finished(s, input->kind, op.mb, input->chunk)) return false;
         return !Offloaded(s, op.mb, op.chunk) || Finished(s, OpKind::kReload, op.mb, op.chunk);
       case OpKind::kBackwardWeight:
         return Finished(s, OpKind::kBackward, op.mb, op.chunk) &&
@@ -174,7 +170,7 @@ class SharedGpu {
       busy[su] = 1;
       (d2h ? d2h_ : h2d_)
           .push_back({s, head,
-                      static_cast<double>(cost_.ActivationBytes(s, op.chunk, p_))});
+                      static_cast<double>(cost_.ActivationBytes(s, op.chunk, map_))});
     } else {  // RELEASE: done once its OFFLOAD is
       End(s, head) = now_;
     }
@@ -310,7 +306,8 @@ class SharedGpu {
   const Schedule& schedule_;
   const CostModel& cost_;
   const ScheduleIndex index_;
-  const int p_, num_virtual_;
+  const int p_;
+  const VirtualStageMap map_;
   const bool split_;
   double now_ = 0.0;
   std::vector<int> head_;

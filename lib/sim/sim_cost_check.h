@@ -111,7 +111,6 @@ inline absl::Status CheckCostModel(const CostModel& cost, const PipelineSpec& sp
 // InvalidArgument naming the total and the cost fields that make it. REQUIRES: CheckCostModel
 // passed for the schedule's spec.
 inline absl::Status CheckTotalOpTime(const Schedule& schedule, const CostModel& cost) {
-  const int p = schedule.spec.num_stages;
   const bool split = schedule.spec.split_backward;
   const double slowest_link =
       std::min({cost.d2h_bandwidth, cost.h2d_bandwidth, cost.duplex_bandwidth});
@@ -129,7 +128,8 @@ inline absl::Status CheckTotalOpTime(const Schedule& schedule, const CostModel& 
         case OpKind::kBackwardWeight: total += cost.WeightTime(s); break;
         case OpKind::kOffload:
         case OpKind::kReload:
-          total += static_cast<double>(cost.ActivationBytes(s, std::max(op.chunk, 0), p)) /
+          total += static_cast<double>(
+                       cost.ActivationBytes(s, std::max(op.chunk, 0), schedule.spec.stage_map())) /
                    slowest_link;
           break;
         default:

@@ -81,7 +81,7 @@ class EventLoop {
         index_(index),
         cost_(cost),
         p_(schedule.spec.num_stages),
-        num_virtual_(schedule.spec.num_virtual_stages()),
+        map_(schedule.spec.stage_map()),
         split_(schedule.spec.split_backward),
         p2p_duration_(cost.p2p_latency +
                       static_cast<double>(cost.boundary_bytes) / cost.p2p_bandwidth),
@@ -201,23 +201,19 @@ class EventLoop {
     if (const int slot = Slot(op.kind); slot >= 0) {
       t = std::max(t, state.engine_free[static_cast<std::size_t>(slot)]);
     }
-    const int l = internal::VirtualStageOf(s, op.chunk, p_);
+    // The neighbour's data: a RECV, or the neighbour's own op when it is on this stage.
+    const std::optional<internal::NeighbourInput> input =
+        internal::InputOf(map_, s, op.kind, op.chunk);
     // The producer of a SEND must precede it, but its end only bounds the transfer: `ignored`.
     double ignored = 0.0;
     bool ok = true;
     switch (op.kind) {
       case OpKind::kForward:
-        if (l > 0) {
-          ok = p_ > 1 ? After(s, OpKind::kRecvActivation, op.mb, op.chunk, &t, why, waits_for)
-                      : After(s, OpKind::kForward, op.mb, op.chunk - 1, &t, why, waits_for);
-        }
+        if (input) ok = After(s, input->kind, op.mb, input->chunk, &t, why, waits_for);
         break;
       case OpKind::kBackward:
         ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why, waits_for);
-        if (ok && l < num_virtual_ - 1) {
-          ok = p_ > 1 ? After(s, OpKind::kRecvGrad, op.mb, op.chunk, &t, why, waits_for)
-                      : After(s, OpKind::kBackward, op.mb, op.chunk + 1, &t, why, waits_for);
-        }
+        if (ok && input) ok = After(s, input->kind, op.mb, input->chunk, &t, why, waits_for);
         if (ok && Offloaded(s, op.mb, op.chunk)) {
           ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why, waits_for);
         }
@@ -386,7 +382,7 @@ class EventLoop {
         const bool duplex = Later(ends[d2h ? 1 : 0], t);  // opposite direction busy at t
         const double bandwidth =
             duplex ? cost_.duplex_bandwidth : (d2h ? cost_.d2h_bandwidth : cost_.h2d_bandwidth);
-        return static_cast<double>(cost_.ActivationBytes(s, op.chunk, p_)) / bandwidth;
+        return static_cast<double>(cost_.ActivationBytes(s, op.chunk, map_)) / bandwidth;
       }
       default:
         return 0.0;
@@ -399,7 +395,7 @@ class EventLoop {
     TimedOp& timed = Timed(s, state.head);
     timed = TimedOp{s, state.head, op, EngineOf(op.kind), t, t + duration, 0};
     if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
-      timed.bytes = cost_.ActivationBytes(s, op.chunk, p_);
+      timed.bytes = cost_.ActivationBytes(s, op.chunk, map_);
       double& end = link_end_[static_cast<std::size_t>(s / cost_.host_link_group_size)]
                              [op.kind == OpKind::kOffload ? 0 : 1];
       end = std::max(end, timed.end);
@@ -485,7 +481,8 @@ class EventLoop {
   const Schedule& schedule_;
   const ScheduleIndex& index_;
   const CostModel& cost_;
-  const int p_, num_virtual_;
+  const int p_;
+  const VirtualStageMap map_;
   const bool split_;
   const double p2p_duration_;
   std::vector<StageState> stages_;
@@ -515,7 +512,7 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
                  const std::vector<TimedOp>& timed, StagePrediction* out,
                  std::vector<MemorySample>* samples) {
   const PipelineSpec& spec = schedule.spec;
-  const int p = spec.num_stages, v = spec.chunks_per_stage;
+  const int v = spec.chunks_per_stage;
   const OpKind frees = spec.split_backward ? OpKind::kBackwardWeight : OpKind::kBackward;
   std::int64_t units = 0, bytes = 0, plain_units = 0, plain_bytes = 0, host = 0;
   std::vector<char> on_host(
@@ -530,7 +527,7 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
   for (const TimedOp& t : timed) {
     const Op& op = t.op;
     // BARRIERs may carry chunk -1; they allocate nothing, so any size will do for them.
-    const std::int64_t entry = cost.ActivationBytes(s, std::max(op.chunk, 0), p);
+    const std::int64_t entry = cost.ActivationBytes(s, std::max(op.chunk, 0), spec.stage_map());
     int sign = 0;  // +1 allocates on the device, -1 frees
     double when = t.start;
     if (op.kind == OpKind::kForward || op.kind == OpKind::kReload) sign = 1;

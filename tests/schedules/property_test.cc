@@ -79,6 +79,61 @@ TEST_CASE("every generated spec compiles to a valid schedule with each op once",
   }
 }
 
+// zbv and dualpipev (V placement) over p = 1..8 and the m each takes: the compiled schedule
+// validates (deadlock-free under blocking rendezvous), the simulator times every op, and on every
+// stage each (mb, chunk) runs F, then B, then W, each exactly once.
+TEST_CASE("V families: valid, simulated to the end, F before B before W per entry",
+          "[property][compiler][vshape]") {
+  const CostModel cost = UnitCostModel(0.25);
+  int checked = 0;
+  for (Family family : {Family::kZbv, Family::kDualPipeV}) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m : {1, 2, p, p + 1, 2 * p, 2 * p + 1, 4 * p}) {
+        PipelineSpec spec;
+        spec.family = family;
+        spec.num_stages = p;
+        spec.num_microbatches = m;
+        spec.chunks_per_stage = 2;
+        if (!ResolveSpec(spec).ok()) {
+          REQUIRE((family == Family::kDualPipeV && m < 2 * p));
+          continue;
+        }
+        INFO(Describe(spec));
+        absl::StatusOr<Schedule> schedule = Compile(spec, cost);
+        INFO(schedule.status().ToString());
+        REQUIRE(schedule.ok());
+        REQUIRE(Validate(*schedule).ok());
+        absl::StatusOr<Timeline> timeline = Simulate(*schedule, cost);
+        REQUIRE(timeline.ok());
+        for (const StageProgram& program : schedule->stages) {
+          // [mb][chunk] -> index of F, B, W in the program (-1: not yet seen).
+          std::map<std::pair<int, int>, std::vector<int>> at;
+          for (std::size_t i = 0; i < program.ops.size(); ++i) {
+            const Op& op = program.ops[i];
+            if (!IsCompute(op.kind)) continue;
+            std::vector<int>& seen = at[{op.mb, op.chunk}];
+            seen.resize(3, -1);
+            const int k = op.kind == OpKind::kForward ? 0 : op.kind == OpKind::kBackward ? 1 : 2;
+            REQUIRE(seen[static_cast<std::size_t>(k)] == -1);
+            seen[static_cast<std::size_t>(k)] = static_cast<int>(i);
+          }
+          REQUIRE(at.size() == static_cast<std::size_t>(2 * m));
+          for (const auto& [entry, seen] : at) {
+            CHECK(seen[0] >= 0);
+            CHECK(seen[0] < seen[1]);
+            CHECK(seen[1] < seen[2]);
+          }
+          CHECK(timeline->stages[static_cast<std::size_t>(program.stage)].size() ==
+                program.ops.size());
+        }
+        ++checked;
+      }
+    }
+  }
+  // zbv: all 8 * 7; dualpipev: m >= 2p, i.e. {2p, 2p + 1, 4p} and p = 1's 2, 2 (twice), 3, 4.
+  CHECK(checked == 56 + 5 + 7 * 3);
+}
+
 // With W split off, SEND_B leaves when B ends and the last stage's W is off the critical path of
 // the warm-up, so the makespan shrinks by (p - 1) W (pipeoffload.md 1.3: 110 for p=8, m=32).
 TEST_CASE("unit-cost 1F1B: peak min(p - d, m), makespan (m + p - 1)(F + B + W) - split (p - 1)W",
