@@ -6,9 +6,15 @@ scaled_dot_product_attention, projection, residual, LayerNorm, 4h linear, GELU (
 residual) in bf16 on one GPU, `layers` of them (pipeline_bench's p * v * layers_per_chunk), and one
 step = `microbatches` microbatches of batch 1 with gradient accumulation (forward, then backward
 from a fixed random output gradient, per microbatch; pipeline_bench's last stage starts from one
-too). Modes:
-  none         activations stay on the GPU;
-  save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=True) around each forward.
+too). Modes (PyTorch's memory options, what a user picks among; issue 16):
+  none                 activations stay on the GPU;
+  full_recompute       torch.utils.checkpoint per layer (use_reentrant=False): each layer keeps
+                       only its input and reruns its forward inside the backward;
+  attention_recompute  checkpoint the attention branch of each layer only (LayerNorm, QKV,
+                       core attention, projection; the MLP's activations are kept): Megatron's
+                       selective recompute of core attention, widened to the branch because with
+                       flash attention the core alone keeps no T x T scores to save;
+  save_on_cpu          torch.autograd.graph.save_on_cpu(pin_memory=True) around each forward.
 Method: fresh random inputs for every microbatch of every step (drawn before the step's timing
 starts), warm-up steps, CUDA events around each step, the median step. Model FLOP per step by
 pipeline_bench's convention (reference/hardware.md section 4): (72 h^2 s + 12 s^2 h) per layer and
@@ -26,9 +32,13 @@ import math
 import statistics
 import sys
 
+MODES = ("none", "full_recompute", "attention_recompute", "save_on_cpu")
+
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     epilog="modes: " + ", ".join(MODES) + " (the module "
+                                     "docstring says what each does)")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=0, help="0 = hidden / 128")
     parser.add_argument("--seq", type=int, default=2048)
@@ -37,11 +47,16 @@ def parse_args():
                         help="H:LAYERS,H:LAYERS,... run these (hidden, layers) in turn in this "
                              "process instead of --hidden/--layers (heads = H / 128)")
     parser.add_argument("--microbatches", type=int, default=16)
-    parser.add_argument("--modes", default="none,save_on_cpu")
+    parser.add_argument("--modes", default="none,save_on_cpu",
+                        help="comma-separated, run in this order: none (activations on the GPU), "
+                             "full_recompute (torch.utils.checkpoint per layer), "
+                             "attention_recompute (checkpoint each layer's attention branch), "
+                             "save_on_cpu (autograd.graph.save_on_cpu, pinned)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--offload-steps", type=int, default=0,
-                        help="timed steps of save_on_cpu (0 = --steps): it is ~6x slower")
+                        help="timed steps of save_on_cpu (0 = --steps): it is ~6x slower "
+                             "(~26 s a step at h=8192, 16 layers)")
     parser.add_argument("--json", default="", help="append one JSON line per mode here")
     parser.add_argument("--md", default="", help="append the markdown rows here")
     args = parser.parse_args()
@@ -53,7 +68,7 @@ def parse_args():
         parser.error(f"bad --configs={args.configs}: expected H:LAYERS,H:LAYERS,...")
     args.configs = configs or [(args.hidden, args.layers)]
     modes = args.modes.split(",")
-    bad = [m for m in modes if m not in ("none", "save_on_cpu")]
+    bad = [m for m in modes if m not in MODES]
     for hidden, layers in args.configs:
         heads = args.heads or max(1, hidden // 128)
         if bad or hidden % heads or min(hidden, args.seq, layers, args.microbatches,
@@ -68,6 +83,7 @@ def parse_args():
 def build(torch, args):
     nn = torch.nn
     functional = torch.nn.functional
+    checkpoint = torch.utils.checkpoint.checkpoint  # attention_recompute's
 
     class Layer(nn.Module):
         def __init__(self, hidden, heads):
@@ -80,13 +96,19 @@ def build(torch, args):
             self.fc1 = nn.Linear(hidden, 4 * hidden)
             self.fc2 = nn.Linear(4 * hidden, hidden)
 
-        def forward(self, x):  # x: [B, T, C]
+        def attention(self, x):  # x: [B, T, C] -> the attention branch's output
             b, t, c = x.shape
             q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
             shape = (b, t, self.heads, c // self.heads)
             q, k, v = (y.view(shape).transpose(1, 2) for y in (q, k, v))  # [B, nh, T, hd]
             y = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+            return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+        def forward(self, x, recompute_attention=False):
+            if recompute_attention:
+                x = x + checkpoint(self.attention, x, use_reentrant=False)
+            else:
+                x = x + self.attention(x)
             return x + self.fc2(functional.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
     torch.manual_seed(1)
@@ -96,6 +118,19 @@ def build(torch, args):
             nn.init.normal_(module.weight, std=0.02 / math.sqrt(2 * args.layers))
             nn.init.zeros_(module.bias)
     return layers.to(device="cuda", dtype=torch.bfloat16)
+
+
+def forward(torch, model, x, mode):
+    """One microbatch's forward through every layer, as `mode` keeps its activations."""
+    if mode == "save_on_cpu":
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return model(x)
+    for layer in model:
+        if mode == "full_recompute":
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        else:
+            x = layer(x, recompute_attention=mode == "attention_recompute")
+    return x
 
 
 def run_mode(torch, model, args, mode):
@@ -116,11 +151,7 @@ def run_mode(torch, model, args, mode):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for x in inputs:
-            if mode == "save_on_cpu":
-                with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                    out = model(x)
-            else:
-                out = model(x)
+            out = forward(torch, model, x, mode)
             out.backward(grad_out)  # gradients accumulate in .grad over the microbatches
         end.record()
         torch.cuda.synchronize()
@@ -142,7 +173,7 @@ def run_mode(torch, model, args, mode):
 
 
 def run_config(torch, args):
-    """Both modes at args.hidden / args.layers; returns the rows, or None on out-of-memory."""
+    """Every mode at args.hidden / args.layers; returns the rows, or None on out-of-memory."""
     print(f"torch_peer: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, h={args.hidden} "
           f"heads={args.heads} s={args.seq} layers={args.layers} m={args.microbatches}, "
           f"flash sdp {'on' if torch.backends.cuda.flash_sdp_enabled() else 'off'}",
@@ -180,6 +211,7 @@ def main():
     args = parse_args()
     try:
         import torch
+        import torch.utils.checkpoint  # noqa: F401 (not imported by `import torch` everywhere)
     except ImportError as error:
         print(f"torch_peer: no torch here ({error})", file=sys.stderr)
         return 1
