@@ -115,34 +115,103 @@ absl::StatusOr<std::unique_ptr<GptCudaChunk>> GptCudaChunk::CreateLayerStack(
   return chunk;
 }
 
+GptCudaChunk::Region GptCudaChunk::MakeRegion(int num_layers, const LayerSavedLayout& layer,
+                                              bool shared_layers, bool lean) const {
+  const LayerDims& dims = context_.dims();
+  const std::int64_t n = dims.N();
+  const std::int64_t nc_bf16 = n * dims.C * 2;
+  Region r;
+  r.layer = layer;
+  auto take = [&r](std::int64_t bytes) {
+    const std::int64_t at = r.bytes;
+    r.bytes += AlignSlot(bytes);
+    return at;
+  };
+  if (first_) r.tokens = take(n * 4);
+  for (int i = 0; i < num_layers; ++i) {
+    r.layers.push_back(shared_layers && i > 0 ? r.layers.front() : take(layer.bytes));
+  }
+  if (last_) {
+    r.lnf_in = take(nc_bf16);
+    r.lnf_mean = take(n * 4);
+    r.lnf_rstd = take(n * 4);
+    r.lnf_out = lean ? kNoSlot : take(nc_bf16);
+    r.logits = take(n * V_ * 2);
+    r.lse = take(n * 4);
+    r.targets = take(n * 4);
+  }
+  return r;
+}
+
 void GptCudaChunk::LayOut(int num_layers) {
   const LayerDims& dims = context_.dims();
   const std::int64_t n = dims.N();
   const std::int64_t nc_bf16 = n * dims.C * 2;
-  layer_layout_ = MakeLayerSavedLayout(dims);
+  const LayerSavedLayout layer = MakeLayerSavedLayout(dims);
   grad_layout_ = MakeLayerGradLayout(dims);
+  saved_ = MakeRegion(num_layers, layer, /*shared_layers=*/false, /*lean=*/false);
+  workspace_ = MakeRegion(num_layers, layer, /*shared_layers=*/true, /*lean=*/false);
+  if (dims.lean_saved) {
+    lean_.bytes = -1;
+  } else {
+    LayerDims lean_dims = dims;
+    lean_dims.lean_saved = true;
+    lean_ = MakeRegion(num_layers, MakeLayerSavedLayout(lean_dims), false, /*lean=*/true);
+    // Every slot lean keeps, in layout order, merged into runs contiguous in both regions.
+    const LayerSavedLayout sizes = LayerSlotBytes(dims);
+    auto add = [this](std::int64_t from, std::int64_t to, std::int64_t bytes) {
+      if (from == kNoSlot || to == kNoSlot) return;
+      bytes = AlignSlot(bytes);
+      if (!lean_copies_.empty()) {
+        SlotCopy& back = lean_copies_.back();
+        if (back.from + back.bytes == from && back.to + back.bytes == to) {
+          back.bytes += bytes;
+          return;
+        }
+      }
+      lean_copies_.push_back(SlotCopy{from, to, bytes});
+    };
+    if (first_) add(lean_.tokens, saved_.tokens, n * 4);
+    for (int i = 0; i < num_layers; ++i) {
+      const auto l = static_cast<std::size_t>(i);
+      for (const auto slot : kLayerSlots) {
+        const std::int64_t from = lean_.layer.*slot;
+        add(from == kNoSlot ? kNoSlot : lean_.layers[l] + from, saved_.layers[l] + layer.*slot,
+            sizes.*slot);
+      }
+    }
+    if (last_) {
+      add(lean_.lnf_in, saved_.lnf_in, nc_bf16);
+      add(lean_.lnf_mean, saved_.lnf_mean, n * 4);
+      add(lean_.lnf_rstd, saved_.lnf_rstd, n * 4);
+      add(lean_.logits, saved_.logits, n * V_ * 2);
+      add(lean_.lse, saved_.lse, n * 4);
+      add(lean_.targets, saved_.targets, n * 4);
+    }
+  }
+  // The full retained block.
   std::int64_t cursor = 0;
-  auto take = [&cursor](std::int64_t bytes) {
-    const std::int64_t at = cursor;
-    cursor += AlignSlot(bytes);
+  const bool input_in_saved = !first_ && (num_layers > 0 || last_);
+  if (first_ || input_in_saved) {
+    full_input_ = 0;
+    cursor = AlignSlot(first_ ? n * 4 : nc_bf16);
+  }
+  if (last_) {
+    full_targets_ = cursor;
+    cursor += AlignSlot(n * 4);
+  }
+  full_bytes_ = cursor;
+
+  std::int64_t split = saved_.bytes;
+  auto take = [&split](std::int64_t bytes) {
+    const std::int64_t at = split;
+    split += AlignSlot(bytes);
     return at;
   };
-  if (first_) tokens_ = take(n * 4);
-  for (int i = 0; i < num_layers; ++i) layer_slots_.push_back(take(layer_layout_.bytes));
-  if (last_) {
-    lnf_in_ = take(nc_bf16);
-    lnf_mean_ = take(n * 4);
-    lnf_rstd_ = take(n * 4);
-    lnf_out_ = take(nc_bf16);
-    logits_ = take(n * V_ * 2);
-    lse_ = take(n * 4);
-    targets_ = take(n * 4);
-  }
-  saved_bytes_ = cursor;
   if (first_) d_x0_ = take(nc_bf16);
   for (int i = 0; i < num_layers; ++i) grad_slots_.push_back(take(grad_layout_.bytes));
   if (last_) d_lnf_out_ = take(nc_bf16);
-  split_bytes_ = cursor - saved_bytes_;
+  split_bytes_ = split - saved_.bytes;
 }
 
 LayerWeights GptCudaChunk::Weights(int local_layer) const {
@@ -188,71 +257,183 @@ bf16* GptCudaChunk::LnfOutGrad(std::byte* saved, bool split) const {
   return split ? At<bf16>(saved, d_lnf_out_) : context_.d_atty();
 }
 
+absl::Status GptCudaChunk::CheckForward(const char* op, const char* region_name,
+                                        const std::int32_t* tokens, const std::int32_t* targets,
+                                        const bf16* input, const bf16* output, const void* region,
+                                        const float* losses) const {
+  if (region == nullptr || (first_ ? tokens == nullptr : input == nullptr) ||
+      (last_ ? targets == nullptr || losses == nullptr : output == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptCudaChunk::", op, ": a required pointer is null (", region_name, ", ",
+        first_ ? "tokens" : "input", ", ", last_ ? "targets and losses" : "output", ")"));
+  }
+  return absl::OkStatus();
+}
+
+bf16* GptCudaChunk::InputOf(const Region& r, std::byte* base, bf16* output) const {
+  if (num_layers() > 0) return LayerActivationsAt(base + r.layers.front(), r.layer).x;
+  return last_ ? At<bf16>(base, r.lnf_in) : output;
+}
+
+absl::Status GptCudaChunk::PlaceInputs(const Region& r, std::byte* base, const std::int32_t* tokens,
+                                       const std::int32_t* targets, const bf16* input,
+                                       bf16* output) {
+  const LayerDims& d = context_.dims();
+  const std::int64_t n = d.N();
+  cudaStream_t s = context_.stream();
+  if (first_) {
+    PO_RETURN_IF_ERROR(Copy(At<std::int32_t>(base, r.tokens), tokens, n * 4, s));
+  } else {
+    PO_RETURN_IF_ERROR(Copy(InputOf(r, base, output), input, n * d.C * 2, s));
+  }
+  if (last_) PO_RETURN_IF_ERROR(Copy(At<std::int32_t>(base, r.targets), targets, n * 4, s));
+  return absl::OkStatus();
+}
+
 absl::Status GptCudaChunk::Forward(const std::int32_t* tokens, const std::int32_t* targets,
                                    const bf16* input, bf16* output, std::byte* saved,
                                    float* losses) {
-  if (saved == nullptr || (first_ ? tokens == nullptr : input == nullptr) ||
-      (last_ ? targets == nullptr || losses == nullptr : output == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptCudaChunk::Forward: a required pointer is null (saved, ",
-        first_ ? "tokens" : "input", ", ", last_ ? "targets and losses" : "output", ")"));
-  }
+  PO_RETURN_IF_ERROR(
+      CheckForward("Forward", "saved", tokens, targets, input, output, saved, losses));
+  PO_RETURN_IF_ERROR(PlaceInputs(saved_, saved, tokens, targets, input, output));
+  return ForwardPlaced(saved_, saved, output, losses);
+}
+
+absl::Status GptCudaChunk::ForwardPlaced(const Region& r, std::byte* base, bf16* output,
+                                         float* losses) {
   const LayerDims& d = context_.dims();
   const int N = d.N();
-  const std::int64_t nc_bytes = std::int64_t{N} * d.C * 2;
   cudaStream_t s = context_.stream();
   const int num_layers = this->num_layers();
-  bf16* x0 = num_layers > 0 ? LayerActivationsAt(saved + layer_slots_[0], layer_layout_).x
-             : last_        ? At<bf16>(saved, lnf_in_)
-                            : output;
   if (first_) {
-    auto* saved_tokens = At<std::int32_t>(saved, tokens_);
-    PO_RETURN_IF_ERROR(Copy(saved_tokens, tokens, std::int64_t{N} * 4, s));
-    PO_RETURN_IF_ERROR(EncoderForward(x0, saved_tokens, W(kTokenEmbeddingId),
-                                      W(kPositionEmbeddingId), d.B, d.T, d.C, s));
-  } else {
-    PO_RETURN_IF_ERROR(Copy(x0, input, nc_bytes, s));
+    PO_RETURN_IF_ERROR(EncoderForward(InputOf(r, base, output), At<std::int32_t>(base, r.tokens),
+                                      W(kTokenEmbeddingId), W(kPositionEmbeddingId), d.B, d.T, d.C,
+                                      s));
   }
   for (int i = 0; i < num_layers; ++i) {
-    bf16* out = i + 1 < num_layers
-                    ? LayerActivationsAt(saved + layer_slots_[static_cast<std::size_t>(i) + 1],
-                                         layer_layout_).x
-                : last_ ? At<bf16>(saved, lnf_in_)
-                        : output;
-    PO_RETURN_IF_ERROR(LayerForward(
-        context_, Weights(i),
-        LayerActivationsAt(saved + layer_slots_[static_cast<std::size_t>(i)], layer_layout_),
-        out));
+    const auto l = static_cast<std::size_t>(i);
+    bf16* out = i + 1 < num_layers ? LayerActivationsAt(base + r.layers[l + 1], r.layer).x
+                : last_            ? At<bf16>(base, r.lnf_in)
+                                   : output;
+    PO_RETURN_IF_ERROR(
+        LayerForward(context_, Weights(i), LayerActivationsAt(base + r.layers[l], r.layer), out));
   }
   if (!last_) return absl::OkStatus();
-  auto* saved_targets = At<std::int32_t>(saved, targets_);
-  PO_RETURN_IF_ERROR(Copy(saved_targets, targets, std::int64_t{N} * 4, s));
-  PO_RETURN_IF_ERROR(LayerNormForward(At<bf16>(saved, lnf_out_), At<float>(saved, lnf_mean_),
-                                      At<float>(saved, lnf_rstd_), At<bf16>(saved, lnf_in_),
+  // A lean block does not keep lnf_out: the lean ln1 scratch is free once the layers are done.
+  bf16* lnf_out = r.lnf_out != kNoSlot ? At<bf16>(base, r.lnf_out) : context_.lean_ln1_out();
+  if (lnf_out == nullptr) {
+    return absl::InvalidArgumentError(
+        "GptCudaChunk: a lean forward needs the context's lean scratch (LayerDims::lean_scratch)");
+  }
+  PO_RETURN_IF_ERROR(LayerNormForward(lnf_out, At<float>(base, r.lnf_mean),
+                                      At<float>(base, r.lnf_rstd), At<bf16>(base, r.lnf_in),
                                       W(lnf_w_id_), W(lnf_b_id_), N, d.C, s));
-  bf16* logits = At<bf16>(saved, logits_);
-  PO_RETURN_IF_ERROR(context_.linear().Forward(logits, At<bf16>(saved, lnf_out_), W(head_id_),
-                                               nullptr, nullptr, nullptr, {N, d.C, V_}));
-  return SoftmaxCrossEntropyForward(losses, At<float>(saved, lse_), logits, saved_targets, N, V_,
-                                    s);
+  bf16* logits = At<bf16>(base, r.logits);
+  PO_RETURN_IF_ERROR(context_.linear().Forward(logits, lnf_out, W(head_id_), nullptr, nullptr,
+                                               nullptr, {N, d.C, V_}));
+  return SoftmaxCrossEntropyForward(losses, At<float>(base, r.lse), logits,
+                                    At<std::int32_t>(base, r.targets), N, V_, s);
+}
+
+std::int64_t GptCudaChunk::RetainedBytes(Recompute mode) const {
+  switch (mode) {
+    case Recompute::kLean:
+      return lean_.bytes;
+    case Recompute::kFull:
+      return full_bytes_;
+    case Recompute::kNone:
+      break;
+  }
+  return -1;
+}
+
+absl::Status GptCudaChunk::ForwardRetaining(const std::int32_t* tokens, const std::int32_t* targets,
+                                            const bf16* input, bf16* output, std::byte* retained,
+                                            float* losses, Recompute mode, std::byte* workspace) {
+  PO_RETURN_IF_ERROR(CheckForward("ForwardRetaining", "retained", tokens, targets, input, output,
+                                  retained, losses));
+  if (RetainedBytes(mode) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptCudaChunk::ForwardRetaining: mode ",
+                                                   RecomputeName(mode),
+                                                   " is not offered by this chunk"));
+  }
+  if (mode == Recompute::kLean) {
+    PO_RETURN_IF_ERROR(PlaceInputs(lean_, retained, tokens, targets, input, output));
+    return ForwardPlaced(lean_, retained, output, losses);
+  }
+  if (workspace == nullptr && workspace_.bytes > 0) {
+    return absl::InvalidArgumentError("GptCudaChunk::ForwardRetaining(full): workspace is null");
+  }
+  const LayerDims& d = context_.dims();
+  const std::int64_t n = d.N();
+  cudaStream_t s = context_.stream();
+  if (full_input_ != kNoSlot) {
+    PO_RETURN_IF_ERROR(first_ ? Copy(retained + full_input_, tokens, n * 4, s)
+                              : Copy(retained + full_input_, input, n * d.C * 2, s));
+  }
+  if (last_) PO_RETURN_IF_ERROR(Copy(retained + full_targets_, targets, n * 4, s));
+  PO_RETURN_IF_ERROR(PlaceInputs(workspace_, workspace, tokens, targets, input, output));
+  return ForwardPlaced(workspace_, workspace, output, losses);
+}
+
+absl::Status GptCudaChunk::RecomputeSaved(const std::byte* retained, std::byte* saved,
+                                          Recompute mode, bf16* scratch_output,
+                                          float* scratch_losses) {
+  if (retained == nullptr || saved == nullptr ||
+      (last_ ? scratch_losses == nullptr : scratch_output == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptCudaChunk::RecomputeSaved: a required pointer is null (retained, saved, ",
+                     last_ ? "scratch_losses" : "scratch_output", ")"));
+  }
+  if (RetainedBytes(mode) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GptCudaChunk::RecomputeSaved: mode ",
+                                                   RecomputeName(mode),
+                                                   " is not offered by this chunk"));
+  }
+  const LayerDims& d = context_.dims();
+  const std::int64_t n = d.N();
+  cudaStream_t s = context_.stream();
+  if (mode == Recompute::kFull) {
+    if (full_input_ != kNoSlot) {
+      void* to = first_ ? static_cast<void*>(At<std::int32_t>(saved, saved_.tokens))
+                        : static_cast<void*>(InputOf(saved_, saved, scratch_output));
+      PO_RETURN_IF_ERROR(Copy(to, retained + full_input_, first_ ? n * 4 : n * d.C * 2, s));
+    }
+    if (last_) {
+      PO_RETURN_IF_ERROR(
+          Copy(At<std::int32_t>(saved, saved_.targets), retained + full_targets_, n * 4, s));
+    }
+    return ForwardPlaced(saved_, saved, scratch_output, scratch_losses);
+  }
+  for (const SlotCopy& copy : lean_copies_) {
+    PO_RETURN_IF_ERROR(Copy(saved + copy.to, retained + copy.from, copy.bytes, s));
+  }
+  for (int i = 0; i < num_layers(); ++i) {
+    PO_RETURN_IF_ERROR(RecomputeLeanSlots(
+        context_, Weights(i),
+        LayerActivationsAt(saved + saved_.layers[static_cast<std::size_t>(i)], saved_.layer)));
+  }
+  if (!last_) return absl::OkStatus();
+  return LayerNormApply(At<bf16>(saved, saved_.lnf_out), At<bf16>(saved, saved_.lnf_in),
+                        W(lnf_w_id_), W(lnf_b_id_), At<float>(saved, saved_.lnf_mean),
+                        At<float>(saved, saved_.lnf_rstd), static_cast<int>(n), d.C, s);
 }
 
 absl::Status GptCudaChunk::HeadBackwardWeight(std::byte* saved, bool split) {
   const LayerDims& d = context_.dims();
   const int N = d.N();
-  PO_RETURN_IF_ERROR(context_.linear().BackwardWeight(G(head_id_), At<bf16>(saved, logits_),
-                                                      At<bf16>(saved, lnf_out_), {N, d.C, V_}));
+  PO_RETURN_IF_ERROR(context_.linear().BackwardWeight(
+      G(head_id_), At<bf16>(saved, saved_.logits), At<bf16>(saved, saved_.lnf_out), {N, d.C, V_}));
   return LayerNormBackwardWeight(G(lnf_w_id_), G(lnf_b_id_), context_.norm_scratch(),
-                                 LnfOutGrad(saved, split), At<bf16>(saved, lnf_in_),
-                                 At<float>(saved, lnf_mean_), At<float>(saved, lnf_rstd_), N, d.C,
-                                 context_.stream());
+                                 LnfOutGrad(saved, split), At<bf16>(saved, saved_.lnf_in),
+                                 At<float>(saved, saved_.lnf_mean),
+                                 At<float>(saved, saved_.lnf_rstd), N, d.C, context_.stream());
 }
 
 absl::Status GptCudaChunk::EncoderBackwardWeight(std::byte* saved, bool split) {
   const LayerDims& d = context_.dims();
-  return EncoderBackward(G(kTokenEmbeddingId), G(kPositionEmbeddingId),
-                         EmbeddingGrad(saved, split), At<std::int32_t>(saved, tokens_), d.B, d.T,
-                         d.C, context_.stream());
+  return EncoderBackward(G(kTokenEmbeddingId), G(kPositionEmbeddingId), EmbeddingGrad(saved, split),
+                         At<std::int32_t>(saved, saved_.tokens), d.B, d.T, d.C, context_.stream());
 }
 
 absl::Status GptCudaChunk::Backward(const bf16* grad_output, bf16* grad_input, std::byte* saved,
@@ -277,17 +458,17 @@ absl::Status GptCudaChunk::Backward(const bf16* grad_output, bf16* grad_input, s
   if (last_) {
     bf16* dout_last =
         num_layers > 0 ? const_cast<bf16*>(GradsOf(num_layers - 1, saved, split).dout) : input_grad;
-    bf16* dlogits = At<bf16>(saved, logits_);
-    const auto* targets = At<std::int32_t>(saved, targets_);
-    PO_RETURN_IF_ERROR(SoftmaxCrossEntropyBackward(dlogits, dlogits, At<float>(saved, lse_),
+    bf16* dlogits = At<bf16>(saved, saved_.logits);
+    const auto* targets = At<std::int32_t>(saved, saved_.targets);
+    PO_RETURN_IF_ERROR(SoftmaxCrossEntropyBackward(dlogits, dlogits, At<float>(saved, saved_.lse),
                                                    targets, dloss, N, V_, s));
     bf16* d_lnf_out = LnfOutGrad(saved, split);
     PO_RETURN_IF_ERROR(context_.linear().BackwardInput(d_lnf_out, dlogits, W(head_id_), nullptr,
                                                        {N, d.C, V_}));
     PO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dout_last, 0, static_cast<std::size_t>(nc_bytes), s));
-    PO_RETURN_IF_ERROR(LayerNormBackwardInput(dout_last, d_lnf_out, At<bf16>(saved, lnf_in_),
-                                              W(lnf_w_id_), At<float>(saved, lnf_mean_),
-                                              At<float>(saved, lnf_rstd_), N, d.C, s));
+    PO_RETURN_IF_ERROR(LayerNormBackwardInput(dout_last, d_lnf_out, At<bf16>(saved, saved_.lnf_in),
+                                              W(lnf_w_id_), At<float>(saved, saved_.lnf_mean),
+                                              At<float>(saved, saved_.lnf_rstd), N, d.C, s));
     if (with_weight_grad) PO_RETURN_IF_ERROR(HeadBackwardWeight(saved, split));
   } else if (split || num_layers == 0) {
     bf16* dout_last =
@@ -301,7 +482,7 @@ absl::Status GptCudaChunk::Backward(const bf16* grad_output, bf16* grad_input, s
         GradsOf(i, saved, split, i == num_layers - 1 ? dout_in_place : nullptr);
     bf16* dinp = i > 0 ? const_cast<bf16*>(GradsOf(i - 1, saved, split).dout) : input_grad;
     const LayerActivations a =
-        LayerActivationsAt(saved + layer_slots_[static_cast<std::size_t>(i)], layer_layout_);
+        LayerActivationsAt(saved + saved_.layers[static_cast<std::size_t>(i)], saved_.layer);
     PO_RETURN_IF_ERROR(LayerBackwardInput(context_, Weights(i), a, g, dinp));
     if (with_weight_grad) {
       PO_RETURN_IF_ERROR(LayerBackwardWeight(context_, Weights(i), WeightGrads(i), a, g));
@@ -319,7 +500,7 @@ absl::Status GptCudaChunk::BackwardWeight(std::byte* saved) {
   for (int i = num_layers() - 1; i >= 0; --i) {
     PO_RETURN_IF_ERROR(LayerBackwardWeight(
         context_, Weights(i), WeightGrads(i),
-        LayerActivationsAt(saved + layer_slots_[static_cast<std::size_t>(i)], layer_layout_),
+        LayerActivationsAt(saved + saved_.layers[static_cast<std::size_t>(i)], saved_.layer),
         GradsOf(i, saved, /*split=*/true)));
   }
   if (first_) PO_RETURN_IF_ERROR(EncoderBackwardWeight(saved, /*split=*/true));

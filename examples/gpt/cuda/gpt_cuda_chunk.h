@@ -20,6 +20,10 @@
 // scratch (its ping-pong slots, and its d_atty slot for d_lnf_out, which no layer needs before
 // the head's weight gradient has consumed it).
 //
+// Recompute (StageModel::ForwardRetaining / RecomputeSaved): the lean retained block is the
+// saved region's forward part with each layer in its lean layout and without lnf_out; the full
+// one holds the tokens (first) or the chunk's input, then the targets (last).
+//
 // No state outside the saved region survives from Forward to Backward: the runtime may move
 // the entry to host and back to a different address in between. Every call only enqueues work
 // on the context's stream.
@@ -36,6 +40,7 @@
 #include "examples/gpt/cuda/gpt_cuda_layer.h"
 #include "examples/gpt/cuda/gpt_cuda_params.h"
 #include "examples/gpt/gpt_config.h"
+#include "pipeoffload/stage_model.h"
 
 namespace pipeoffload::gpt::cuda {
 
@@ -61,13 +66,13 @@ class GptCudaChunk {
 
   bool is_first() const { return first_; }
   bool is_last() const { return last_; }
-  int num_layers() const { return static_cast<int>(layer_slots_.size()); }
+  int num_layers() const { return static_cast<int>(saved_.layers.size()); }
   DeviceParameters& params() { return *params_; }
   const DeviceParameters& params() const { return *params_; }
 
   // Bytes of the saved region (split: including what BackwardWeight reads).
   std::int64_t SavedBytes(bool split) const {
-    return split ? saved_bytes_ + split_bytes_ : saved_bytes_;
+    return split ? saved_.bytes + split_bytes_ : saved_.bytes;
   }
 
   // Forward of one microbatch. tokens (N) on the first chunk, input (N,C) on the others;
@@ -86,11 +91,73 @@ class GptCudaChunk {
   // Accumulates the parameter gradients from a region left by Backward(..., false).
   [[nodiscard]] absl::Status BackwardWeight(std::byte* saved);
 
+  // --- Recompute ------------------------------------------------------------------------------
+  // Bytes of the retained block of `mode` (see the file comment); -1 for kNone, and for kLean
+  // when the context's dims are lean_saved (the saved region is lean already).
+  std::int64_t RetainedBytes(Recompute mode) const;
+  // Bytes of the region ForwardRetaining(kFull) runs the forward in: the tokens, one layer's
+  // saved region (every layer in turn: layer i's output overwrites its input) and the head's
+  // slots, so about one layer's entry whatever the chunk's depth.
+  std::int64_t ForwardWorkspaceBytes() const { return workspace_.bytes; }
+  // Forward with Forward's arguments and the same output and losses (bitwise: the same
+  // kernels on the same values), writing RetainedBytes(mode) bytes of `retained` instead of a
+  // saved region. kFull runs in `workspace` (ForwardWorkspaceBytes() bytes; unused by kLean);
+  // kLean writes ln1, ln2, g and lnf_out to the context's lean scratch (LayerDims::
+  // lean_scratch). Errors: InvalidArgument for a null pointer the call needs, a mode
+  // RetainedBytes refuses, or kLean without the lean scratch; the kernels'.
+  [[nodiscard]] absl::Status ForwardRetaining(const std::int32_t* tokens,
+                                              const std::int32_t* targets, const bf16* input,
+                                              bf16* output, std::byte* retained, float* losses,
+                                              Recompute mode, std::byte* workspace);
+  // Writes the saved region's forward part (SavedBytes(false)) from a block that
+  // ForwardRetaining(mode) wrote. kFull runs the forward again into `saved`, its output into
+  // `scratch_output` ((N,C); not the last chunk) and the per-token losses into
+  // `scratch_losses` ((N); the last chunk): every byte Forward would have written, bitwise.
+  // kLean copies what it kept and recomputes ln1, ln2 and lnf_out (LayerNormApply: bitwise) and
+  // g = GeluForward(fch), which differs from a forward that fused the GELU into the fc GEMM by
+  // fch's bf16 rounding (gpt_cuda_layer.h "Lean"). Touches nothing else: no loss is recorded.
+  // Errors: as ForwardRetaining.
+  [[nodiscard]] absl::Status RecomputeSaved(const std::byte* retained, std::byte* saved,
+                                            Recompute mode, bf16* scratch_output,
+                                            float* scratch_losses);
+
  private:
   GptCudaChunk(GptCudaContext& context, bool first, bool last, int vocab)
       : context_(context), first_(first), last_(last), V_(vocab) {}
 
+  // Byte offsets of a region a forward writes: the saved entry's forward part, the lean
+  // retained block, or the full-recompute workspace. kNoSlot: not in the region.
+  struct Region {
+    std::int64_t tokens = kNoSlot;
+    std::vector<std::int64_t> layers;  // start of each layer's LayerSavedLayout
+    LayerSavedLayout layer;
+    std::int64_t lnf_in = kNoSlot, lnf_mean = kNoSlot, lnf_rstd = kNoSlot, lnf_out = kNoSlot,
+                 logits = kNoSlot, lse = kNoSlot, targets = kNoSlot;
+    std::int64_t bytes = 0;
+  };
+  // One cudaMemcpyAsync of RecomputeSaved(kLean): a run of slots the lean block and the saved
+  // region both hold, contiguous in each.
+  struct SlotCopy {
+    std::int64_t from, to, bytes;
+  };
+
   void LayOut(int num_layers);
+  // The region of `num_layers` layers of `layer` each; `shared_layers`: all at one offset (the
+  // workspace); `lean`: without lnf_out.
+  Region MakeRegion(int num_layers, const LayerSavedLayout& layer, bool shared_layers,
+                    bool lean) const;
+  // Where the chunk's input lands in region `r` at `base`: the first layer's x, lnf_in, or
+  // `output` (no layers, not the last chunk).
+  bf16* InputOf(const Region& r, std::byte* base, bf16* output) const;
+  // Forward's null checks; `region` is the buffer the call writes, named `region_name`.
+  absl::Status CheckForward(const char* op, const char* region_name, const std::int32_t* tokens,
+                            const std::int32_t* targets, const bf16* input, const bf16* output,
+                            const void* region, const float* losses) const;
+  // Copies the tokens or the input, and the targets, into region `r` at `base`.
+  absl::Status PlaceInputs(const Region& r, std::byte* base, const std::int32_t* tokens,
+                           const std::int32_t* targets, const bf16* input, bf16* output);
+  // The forward from inputs PlaceInputs put in place; the last layer writes `output`.
+  absl::Status ForwardPlaced(const Region& r, std::byte* base, bf16* output, float* losses);
   LayerWeights Weights(int local_layer) const;
   LayerWeightGrads WeightGrads(int local_layer) const;
   LayerGradBuffers GradsOf(int local_layer, std::byte* saved, bool split,
@@ -110,14 +177,13 @@ class GptCudaChunk {
   int lnf_w_id_ = -1, lnf_b_id_ = -1, head_id_ = -1;
   std::unique_ptr<DeviceParameters> params_;
 
-  LayerSavedLayout layer_layout_;
   LayerGradLayout grad_layout_;
-  // Saved layout, bytes from the region's start.
-  std::int64_t tokens_ = -1;
-  std::vector<std::int64_t> layer_slots_;  // start of each layer's LayerSavedLayout
-  std::int64_t lnf_in_ = -1, lnf_mean_ = -1, lnf_rstd_ = -1, lnf_out_ = -1, logits_ = -1, lse_ = -1,
-               targets_ = -1;
-  std::int64_t saved_bytes_ = 0;
+  Region saved_;      // the saved entry's forward part
+  Region lean_;       // the lean retained block; bytes = -1 when the saved entry is lean
+  Region workspace_;  // ForwardRetaining(kFull)'s
+  std::vector<SlotCopy> lean_copies_;
+  // The full retained block: the tokens (first) or the input, then the targets (last).
+  std::int64_t full_input_ = kNoSlot, full_targets_ = kNoSlot, full_bytes_ = 0;
   std::int64_t d_x0_ = -1;
   std::vector<std::int64_t> grad_slots_;  // start of each layer's LayerGradLayout
   std::int64_t d_lnf_out_ = -1;

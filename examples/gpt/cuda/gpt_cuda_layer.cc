@@ -105,6 +105,20 @@ LayerSavedLayout MakeLayerSavedLayout(const LayerDims& dims) {
   return l;
 }
 
+LayerSavedLayout LayerSlotBytes(const LayerDims& dims) {
+  const std::int64_t n = dims.N();
+  const std::int64_t nc = n * dims.C;
+  LayerSavedLayout l;
+  l.x = l.ln1_out = l.atty = l.res2 = l.ln2_out = nc * kBf16;
+  l.ln1_mean = l.ln1_rstd = l.ln2_mean = l.ln2_rstd = n * kF32;
+  l.qkv = 3 * nc * kBf16;
+  l.lse = std::int64_t{dims.B} * dims.NH * dims.T * kF32;
+  l.fch = l.fch_gelu = 4 * nc * kBf16;
+  l.bytes = 0;
+  for (const auto slot : kLayerSlots) l.bytes += l.*slot;
+  return l;
+}
+
 LayerGradLayout MakeLayerGradLayout(const LayerDims& dims) {
   const std::int64_t nc = std::int64_t{dims.N()} * dims.C;
   SlotCursor slots;
@@ -173,7 +187,7 @@ absl::StatusOr<std::unique_ptr<GptCudaContext>> GptCudaContext::Create(const Lay
   PO_ASSIGN_OR_RETURN(void* grads, memory.Allocate(MakeLayerGradLayout(dims).bytes));
   context->unsplit_grads_ = static_cast<std::byte*>(grads);
   PO_ASSIGN_OR_RETURN(context->ping_pong_, memory.AllocateArray<bf16>(2 * nc));
-  if (dims.lean_saved) {
+  if (dims.lean_saved || dims.lean_scratch) {
     PO_ASSIGN_OR_RETURN(context->lean_ln1_out_, memory.AllocateArray<bf16>(nc));
     PO_ASSIGN_OR_RETURN(context->lean_ln2_out_, memory.AllocateArray<bf16>(nc));
     PO_ASSIGN_OR_RETURN(context->lean_fch_gelu_, memory.AllocateArray<bf16>(4 * nc));
@@ -244,26 +258,48 @@ absl::Status LayerBackwardInput(GptCudaContext& context, const LayerWeights& w,
   return LayerNormBackwardInput(dinp, g.d_ln1out, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, s);
 }
 
-absl::StatusOr<LayerActivations> RecomputeLeanActivations(GptCudaContext& context,
-                                                          const LayerWeights& w,
-                                                          const LayerActivations& saved) {
-  PO_ASSIGN_OR_RETURN(const LayerActivations a, WithLeanScratch(context, saved));
+namespace {
+
+// Rewrites those of ln1_out, ln2_out and fch_gelu that `which` names, in place in `a`.
+absl::Status ApplyLean(GptCudaContext& context, const LayerWeights& w, const LayerActivations& a,
+                       const LayerActivations& which) {
   const LayerDims& d = context.dims();
   const int N = d.N();
   const int C = d.C;
   cudaStream_t s = context.stream();
-  if (saved.ln1_out == nullptr) {
+  if (which.ln1_out == nullptr) {
     PO_RETURN_IF_ERROR(
         LayerNormApply(a.ln1_out, a.x, w.ln1_w, w.ln1_b, a.ln1_mean, a.ln1_rstd, N, C, s));
   }
-  if (saved.ln2_out == nullptr) {
+  if (which.ln2_out == nullptr) {
     PO_RETURN_IF_ERROR(
         LayerNormApply(a.ln2_out, a.res2, w.ln2_w, w.ln2_b, a.ln2_mean, a.ln2_rstd, N, C, s));
   }
-  if (saved.fch_gelu == nullptr) {
+  if (which.fch_gelu == nullptr) {
     PO_RETURN_IF_ERROR(GeluForward(a.fch_gelu, a.fch, std::int64_t{N} * 4 * C, s));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LayerActivations> RecomputeLeanActivations(GptCudaContext& context,
+                                                          const LayerWeights& w,
+                                                          const LayerActivations& saved) {
+  PO_ASSIGN_OR_RETURN(const LayerActivations a, WithLeanScratch(context, saved));
+  PO_RETURN_IF_ERROR(ApplyLean(context, w, a, /*which=*/saved));
   return a;
+}
+
+absl::Status RecomputeLeanSlots(GptCudaContext& context, const LayerWeights& w,
+                                const LayerActivations& a) {
+  if (a.ln1_out == nullptr || a.ln2_out == nullptr || a.fch_gelu == nullptr) {
+    return absl::InvalidArgumentError(
+        "RecomputeLeanSlots: ln1_out, ln2_out and fch_gelu must be slots of a full layout");
+  }
+  LayerActivations all = a;  // every slot "missing": rewrite all three
+  all.ln1_out = all.ln2_out = all.fch_gelu = nullptr;
+  return ApplyLean(context, w, a, all);
 }
 
 absl::Status LayerBackwardWeight(GptCudaContext& context, const LayerWeights& w,

@@ -59,6 +59,10 @@ struct LayerDims {
   // LayerBackwardWeight recomputes them. Costs two LayerNorm applications and one GELU per
   // weight backward (memory-bound, ~1% of a layer at h >= 4096); saves 12 C bytes per token.
   bool lean_saved = false;
+  // The lean scratch without the lean layout: for a full layout whose entries a program may
+  // keep lean instead (Recompute::kLean: the forward writes ln1, ln2 and g there, the rebuild
+  // recomputes them into the full entry). Implied by lean_saved.
+  bool lean_scratch = false;
   int N() const { return B * T; }
   AttentionShape Attention() const { return AttentionShape{B, T, NH, NH > 0 ? C / NH : 0}; }
 };
@@ -79,6 +83,16 @@ struct LayerSavedLayout {
   std::int64_t bytes = 0;  // the region's size, a multiple of kSlotAlignment
 };
 LayerSavedLayout MakeLayerSavedLayout(const LayerDims& dims);
+// The bytes of each slot of the full layout (unaligned), in the fields of the same struct;
+// `bytes` is the sum.
+LayerSavedLayout LayerSlotBytes(const LayerDims& dims);
+// The 13 slots in layout order, for code that walks them (copies between layouts).
+inline constexpr std::int64_t LayerSavedLayout::*kLayerSlots[] = {
+    &LayerSavedLayout::x,        &LayerSavedLayout::ln1_mean, &LayerSavedLayout::ln1_rstd,
+    &LayerSavedLayout::ln1_out,  &LayerSavedLayout::qkv,      &LayerSavedLayout::atty,
+    &LayerSavedLayout::lse,      &LayerSavedLayout::res2,     &LayerSavedLayout::ln2_mean,
+    &LayerSavedLayout::ln2_rstd, &LayerSavedLayout::ln2_out,  &LayerSavedLayout::fch,
+    &LayerSavedLayout::fch_gelu};
 
 // Byte offsets of one layer's output gradients (what BackwardWeight consumes).
 struct LayerGradLayout {
@@ -198,8 +212,10 @@ class GptCudaContext {
 };
 
 // Forward of one layer: reads a.x (the caller has put the layer input there), writes every
-// other slot of `a` and out (N,C). out must not alias the saved slots. A null slot of `a` (a
-// lean layout's) is written to the context's lean scratch instead: InvalidArgument if the
+// other slot of `a` and out (N,C). out must not alias the saved slots other than a.x: x is
+// last read by the attention projection's residual add, before out is written (the
+// full-recompute forward runs every layer of a chunk in one region that way). A null slot of
+// `a` (a lean layout's) is written to the context's lean scratch instead: InvalidArgument if the
 // context has none.
 [[nodiscard]] absl::Status LayerForward(GptCudaContext& context, const LayerWeights& w,
                                         const LayerActivations& a, bf16* out);
@@ -225,6 +241,11 @@ class GptCudaContext {
 // the kernels'.
 [[nodiscard]] absl::StatusOr<LayerActivations> RecomputeLeanActivations(
     GptCudaContext& context, const LayerWeights& w, const LayerActivations& a);
+// The same into a full layout's own slots: rewrites a.ln1_out, a.ln2_out and a.fch_gelu (all
+// non-null) from the other slots, as RecomputeLeanActivations computes them. Rebuilds a full
+// entry from a lean one (Recompute::kLean); InvalidArgument for a null slot.
+[[nodiscard]] absl::Status RecomputeLeanSlots(GptCudaContext& context, const LayerWeights& w,
+                                              const LayerActivations& a);
 
 // FLOP of one layer's forward for `dims`, as LayerStackShape::ForwardFlops counts them: 24 C^2 N
 // for the linear layers plus 4 T^2 C B for attention's two products over full T x T (the flash

@@ -10,6 +10,7 @@
 //    brings a model created with it to the same place, without the host copies.
 #include "examples/gpt/cuda/gpt_cuda_stage_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -41,6 +42,7 @@ absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
       new GptCudaStageModel(backend, config, num_stages, stage, std::move(data), device, stream));
   LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
   dims.lean_saved = options.lean_saved;
+  dims.lean_scratch = options.recompute;
   PO_ASSIGN_OR_RETURN(model->context_, GptCudaContext::Create(dims, device, stream));
   const int num_virtual = num_stages * chunks_per_stage;
   for (int c = 0; c < chunks_per_stage; ++c) {
@@ -62,6 +64,16 @@ absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
   PO_ASSIGN_OR_RETURN(model->tokens_, memory.AllocateArray<std::int32_t>(mn));
   PO_ASSIGN_OR_RETURN(model->targets_, memory.AllocateArray<std::int32_t>(mn));
   PO_ASSIGN_OR_RETURN(model->losses_, memory.AllocateArray<float>(mn));
+  if (options.recompute) {
+    std::int64_t workspace = 0;
+    for (const auto& c : model->chunks_)
+      workspace = std::max(workspace, c->ForwardWorkspaceBytes());
+    PO_ASSIGN_OR_RETURN(void* block, memory.Allocate(std::max<std::int64_t>(workspace, 256)));
+    model->recompute_workspace_ = static_cast<std::byte*>(block);
+    PO_ASSIGN_OR_RETURN(model->recompute_output_,
+                        memory.AllocateArray<bf16>(std::int64_t{dims.N()} * dims.C));
+    PO_ASSIGN_OR_RETURN(model->recompute_losses_, memory.AllocateArray<float>(dims.N()));
+  }
   model->host_tokens_.resize(static_cast<std::size_t>(mn));
   model->host_targets_.resize(static_cast<std::size_t>(mn));
   PO_RETURN_IF_ERROR(WaitForStream(stream, kWaitSeconds, "GptCudaStageModel::Create"));
@@ -147,6 +159,38 @@ absl::Status GptCudaStageModel::BackwardWeight(int mb, int chunk, void* saved) {
   return Annotate(
       chunks_[static_cast<std::size_t>(chunk)]->BackwardWeight(static_cast<std::byte*>(saved)),
       absl::StrCat("BackwardWeight(mb ", mb, ", chunk ", chunk, ")"));
+}
+
+std::int64_t GptCudaStageModel::RetainedBytes(int chunk, Recompute mode,
+                                              bool /*split_backward*/) const {
+  // W's inputs are B's outputs: never part of what F keeps.
+  if (recompute_workspace_ == nullptr || chunk < 0 || chunk >= chunks_per_stage()) return -1;
+  return chunks_[static_cast<std::size_t>(chunk)]->RetainedBytes(mode);
+}
+
+absl::Status GptCudaStageModel::ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                                 void* retained, Recompute mode) {
+  PO_RETURN_IF_ERROR(CheckCall("ForwardRetaining", mb, chunk, retained));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  const std::int64_t at = std::int64_t{mb} * context_->dims().N();
+  return Annotate(
+      chunks_[static_cast<std::size_t>(chunk)]->ForwardRetaining(
+          tokens_ + at, targets_ + at, static_cast<const bf16*>(input), static_cast<bf16*>(output),
+          static_cast<std::byte*>(retained), losses_ + at, mode, recompute_workspace_),
+      absl::StrCat("ForwardRetaining(mb ", mb, ", chunk ", chunk, ", ", RecomputeName(mode), ")"));
+}
+
+absl::Status GptCudaStageModel::RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                                               Recompute mode) {
+  PO_RETURN_IF_ERROR(CheckCall("RecomputeSaved", mb, chunk, saved));
+  internal::ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  return Annotate(
+      chunks_[static_cast<std::size_t>(chunk)]->RecomputeSaved(
+          static_cast<const std::byte*>(retained), static_cast<std::byte*>(saved), mode,
+          recompute_output_, recompute_losses_),
+      absl::StrCat("RecomputeSaved(mb ", mb, ", chunk ", chunk, ", ", RecomputeName(mode), ")"));
 }
 
 absl::Status GptCudaStageModel::StartIteration(std::int64_t step) {

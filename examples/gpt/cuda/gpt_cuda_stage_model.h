@@ -50,6 +50,12 @@ struct GptCudaStageOptions {
   // true: every layer saves 20 C instead of 32 C bytes per token and recomputes its LayerNorm
   // outputs and GELU before the weight gradients (LayerDims::lean_saved, gpt_cuda_layer.h).
   bool lean_saved = false;
+  // true: the model offers recompute (RetainedBytes >= 0 for kFull, and for kLean unless
+  // lean_saved): Create allocates the full-recompute forward's workspace (about one layer's
+  // entry plus the head's slots, GptCudaChunk::ForwardWorkspaceBytes), the lean scratch
+  // (12 C bytes per token) and an (N,C) output and (N) losses the rebuild writes instead of the
+  // real ones. false: RetainedBytes is -1, so the runtime refuses a program that recomputes.
+  bool recompute = false;
 };
 
 class GptCudaStageModel final : public StageModel {
@@ -82,6 +88,13 @@ class GptCudaStageModel final : public StageModel {
                                       void* grad_input, void* saved,
                                       bool with_weight_grad) override;
   [[nodiscard]] absl::Status BackwardWeight(int mb, int chunk, void* saved) override;
+  // Recompute (GptCudaChunk::RetainedBytes says what each mode keeps; -1 without
+  // options.recompute). Errors as Forward; the chunk's for a mode it does not offer.
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool split_backward) const override;
+  [[nodiscard]] absl::Status ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                              void* retained, Recompute mode) override;
+  [[nodiscard]] absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                                            Recompute mode) override;
 
   // --- Iteration protocol ---------------------------------------------------------------------
   [[nodiscard]] absl::Status StartIteration(std::int64_t step);
@@ -175,6 +188,11 @@ class GptCudaStageModel final : public StageModel {
   float* losses_ = nullptr;
   std::vector<std::int32_t> host_tokens_;
   std::vector<std::int32_t> host_targets_;
+  // options.recompute only (else null): ForwardRetaining(kFull)'s workspace, and where
+  // RecomputeSaved's forward writes the output and losses nobody reads.
+  std::byte* recompute_workspace_ = nullptr;
+  bf16* recompute_output_ = nullptr;
+  float* recompute_losses_ = nullptr;
 };
 
 }  // namespace pipeoffload::gpt::cuda

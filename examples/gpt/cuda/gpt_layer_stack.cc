@@ -25,8 +25,10 @@ constexpr double kWaitSeconds = 120.0;
 constexpr int kMaxLayersPerChunk = 256;
 
 LayerDims DimsOf(const LayerStackShape& shape) {
-  return LayerDims{shape.batch, static_cast<int>(shape.seq), static_cast<int>(shape.hidden),
-                   shape.heads, shape.lean_saved};
+  LayerDims dims{shape.batch, static_cast<int>(shape.seq), static_cast<int>(shape.hidden),
+                 shape.heads, shape.lean_saved};
+  dims.lean_scratch = shape.recompute;
+  return dims;
 }
 
 class CudaGptLayerStack final : public StageModel {
@@ -74,6 +76,33 @@ class CudaGptLayerStack final : public StageModel {
         dout, dinp, static_cast<std::byte*>(saved), with_weight_grad, /*dloss=*/0.0f);
   }
 
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool /*split_backward*/) const override {
+    if (!shape_.recompute || chunk < 0 || chunk >= static_cast<int>(chunks_.size())) return -1;
+    return chunks_[static_cast<std::size_t>(chunk)]->RetainedBytes(mode);
+  }
+
+  absl::Status ForwardRetaining(int mb, int chunk, const void* input, void* output, void* retained,
+                                Recompute mode) override {
+    PO_RETURN_IF_ERROR(CheckCall("ForwardRetaining", mb, chunk, retained));
+    internal::ScopedDevice guard;
+    PO_RETURN_IF_ERROR(guard.Enter(device_));
+    const bf16* in = input != nullptr ? static_cast<const bf16*>(input) : fixed_input_;
+    bf16* out = output != nullptr ? static_cast<bf16*>(output) : scratch_output_;
+    return chunks_[static_cast<std::size_t>(chunk)]->ForwardRetaining(
+        nullptr, nullptr, in, out, static_cast<std::byte*>(retained), nullptr, mode,
+        recompute_workspace_);
+  }
+
+  absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                              Recompute mode) override {
+    PO_RETURN_IF_ERROR(CheckCall("RecomputeSaved", mb, chunk, saved));
+    internal::ScopedDevice guard;
+    PO_RETURN_IF_ERROR(guard.Enter(device_));
+    return chunks_[static_cast<std::size_t>(chunk)]->RecomputeSaved(
+        static_cast<const std::byte*>(retained), static_cast<std::byte*>(saved), mode,
+        scratch_output_, nullptr);
+  }
+
   absl::Status BackwardWeight(int mb, int chunk, void* saved) override {
     PO_RETURN_IF_ERROR(CheckCall("BackwardWeight", mb, chunk, saved));
     internal::ScopedDevice guard;
@@ -102,6 +131,7 @@ class CudaGptLayerStack final : public StageModel {
   bf16* fixed_input_ = nullptr;     // (B,T,C): virtual stage 0's input
   bf16* fixed_grad_ = nullptr;      // (B,T,C): the last virtual stage's output gradient
   bf16* scratch_output_ = nullptr;  // (B,T,C): outputs nobody reads
+  std::byte* recompute_workspace_ = nullptr;  // shape.recompute: ForwardRetaining(kFull)'s
 };
 
 absl::Status CudaGptLayerStack::Init() {
@@ -121,6 +151,11 @@ absl::Status CudaGptLayerStack::Init() {
   PO_ASSIGN_OR_RETURN(fixed_input_, memory.AllocateArray<bf16>(elements));
   PO_ASSIGN_OR_RETURN(fixed_grad_, memory.AllocateArray<bf16>(elements));
   PO_ASSIGN_OR_RETURN(scratch_output_, memory.AllocateArray<bf16>(elements));
+  if (shape_.recompute) {
+    // Every chunk has the same layers, so the same workspace.
+    PO_ASSIGN_OR_RETURN(void* workspace, memory.Allocate(chunks_.front()->ForwardWorkspaceBytes()));
+    recompute_workspace_ = static_cast<std::byte*>(workspace);
+  }
   // Inputs of unit scale, as an embedding's output; gradients of the scale a loss gives.
   PO_CUDA_RETURN_IF_ERROR(
       LaunchFillNormalBf16(fixed_input_, elements, 1.0f, DeriveSeed({shape_.seed, 2}), stream_));

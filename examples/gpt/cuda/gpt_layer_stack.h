@@ -38,6 +38,12 @@ struct LayerStackShape {
   // instead of 32 h bytes per token; the weight backward recomputes the two LayerNorm outputs
   // and the GELU output it needs. Forward outputs and input gradients are bitwise the same.
   bool lean_saved = false;
+  // Offer recompute (StageModel::RetainedBytes >= 0): kFull keeps a chunk's input (2 h bytes
+  // per token) and reruns its forward before B; kLean (not with lean_saved) keeps the lean
+  // layout and rebuilds ln1, ln2 and g. Costs the full-recompute forward's workspace (one
+  // layer's entry, ~32 h s bytes) and the lean scratch (12 h s bytes), allocated at creation.
+  // false: RetainedBytes is -1 and the runtime refuses a program that recomputes.
+  bool recompute = false;
 
   // One chunk's stash entry: layers_per_chunk times the saved bytes of one layer (bf16
   // activations, fp32 LayerNorm statistics and attention log-sum-exp, each slot 256-byte
