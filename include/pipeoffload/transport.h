@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pipeoffload/backend.h"
 
 namespace pipeoffload {
 
@@ -66,6 +67,34 @@ class Transport {
   // such a backend with a transport that returns false.
   virtual bool AcceptsDeviceMemory() const { return false; }
 
+  // Ordering on the device (instead of on the host). A caller whose buffers are written, or
+  // still read, by work it enqueued on a backend queue would otherwise have to host-wait that
+  // queue before every Send and Recv (the executor did, and on CUDA that stalls the stage's
+  // thread at every P2P op). A transport that moves data on a device stream of its own can
+  // instead make that stream wait for the queue, as one cudaStreamWaitEvent, and return at once.
+  //
+  // Contract: after OrderAfter(queue) returns OK, no transfer this endpoint posts from then on
+  // (Send, Recv, Barrier) reads or writes its buffer before all work enqueued on `queue` before
+  // the call has finished. The host does not wait. It promises nothing about transfers
+  // posted before it, and covers no work enqueued after it: call it again for that.
+  //
+  // Why a separate call rather than Send/Recv overloads taking an event: one ordering covers
+  // every post that follows (a stream is in order), the transport keeps its own event (no
+  // Backend Event, which only its backend can record, crosses the interface), and Send/Recv keep
+  // one signature for every transport.
+  //
+  // CanOrderAfter says whether OrderAfter works for `queue` (e.g. NCCL: a CUDA backend's queue
+  // on the transport's GPU); it is cheap and constant for a given queue. Default: false, and
+  // the caller host-waits as before (local and MPI transports).
+  virtual bool CanOrderAfter(const Queue& queue) const {
+    static_cast<void>(queue);
+    return false;
+  }
+  // Errors: InvalidArgument when CanOrderAfter(queue) is false; the transport's (NCCL: the CUDA
+  // call that failed, which aborts the communicator, since later transfers would no longer be
+  // ordered; Unavailable after an earlier failure).
+  [[nodiscard]] virtual absl::Status OrderAfter(const Queue& queue);
+
   // Starts sending `bytes` bytes at `data` to `peer` and returns at once. `data` must stay valid
   // and unchanged until the request finishes. Errors: InvalidArgument for a peer out of range or
   // equal to rank(), a negative size, or a tag the transport cannot encode.
@@ -87,8 +116,6 @@ class Transport {
 // different threads. Errors: InvalidArgument for num_ranks < 1.
 [[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<Transport>>> CreateLocalTransports(
     int num_ranks);
-
-class Backend;
 
 // Copies `bytes` (> 0) bytes from `src` to `dst` and returns once `dst` holds them and `src` may
 // be overwritten (e.g. a device-to-device copy on the receiver's compute stream, waited for).

@@ -1,4 +1,5 @@
-// Names of message kinds and tags, and the argument checks every transport applies.
+// Names of message kinds and tags, the argument checks every transport applies, and the
+// Transport defaults that are not inline (OrderAfter's refusal).
 #include "lib/transport/transport_checks.h"
 
 #include <string>
@@ -22,6 +23,14 @@ std::string_view MessageKindName(MessageKind kind) {
 std::string MessageTagToString(const MessageTag& tag) {
   if (tag.kind == MessageKind::kBarrier) return "barrier";
   return absl::StrCat(std::string(MessageKindName(tag.kind)), "(mb ", tag.mb, ", chunk ", tag.chunk, ")");
+}
+
+absl::Status Transport::OrderAfter(const Queue& queue) {
+  const std::string backend = queue.owner() != nullptr ? queue.owner()->Name() : "no backend";
+  return absl::InvalidArgumentError(absl::StrCat(
+      Name(), " transport: rank ", rank(), " cannot order its transfers after the ",
+      QueueName(queue), " queue of ", backend,
+      " on the device (Transport::CanOrderAfter is false there): host-wait that queue instead"));
 }
 
 namespace internal {

@@ -1,6 +1,7 @@
 // The NCCL transport (cuda.h) on one GPU: a one-rank communicator sending to itself, run under
 // `mpiexec -n 1`. Exact bytes, pairing in posting order, barriers, the timeout and abort paths,
-// and argument errors. The hidden "[.multi]" cases need one rank per GPU (`mpiexec -n 2`).
+// argument errors, and ordering after a CUDA backend's compute queue (OrderAfter, "[order]").
+// The hidden "[.multi]" cases need one rank per GPU (`mpiexec -n 2`).
 // Run alone with `nccl_gpu_tests "[nccl]"`.
 #include <cuda_runtime_api.h>
 
@@ -12,8 +13,10 @@
 
 #include "lib/backend/cuda/cuda_check.h"
 #include "pipeoffload/cuda.h"
+#include "pipeoffload/cuda_stream.h"
 #include "pipeoffload/transport.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/test_kernels.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload::testing {
@@ -292,6 +295,97 @@ TEST_CASE("bad arguments and foreign buffers are refused", "[gpu][nccl]") {
   bad = NcclTransportOptions{};
   bad.device = 1 << 20;
   CHECK(CreateNcclTransport(bad).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+// The bytes a FillAsync of `pattern` writes.
+std::vector<unsigned char> Filled(std::uint32_t pattern, std::int64_t bytes) {
+  std::vector<unsigned char> data(static_cast<std::size_t>(bytes));
+  for (std::size_t i = 0; i < data.size(); i += 4) std::memcpy(&data[i], &pattern, 4);
+  return data;
+}
+
+TEST_CASE("OrderAfter orders transfers after compute on the device, not the host",
+          "[gpu][nccl][order]") {
+  // The compute stream spins for kSpinSeconds before it touches the buffers; a self transfer
+  // takes microseconds, so without the ordering it would run during the spin and move (or
+  // overwrite) the bytes as they were before, and both checks on the data below would fail.
+  constexpr double kSpinSeconds = 1.0;
+  constexpr std::int64_t kSize = (std::int64_t{4} << 20) + 12;  // FillAsync: a multiple of 4
+  constexpr std::uint32_t kPattern = 0xA5C3E1F7u;
+  auto transport = NewNccl();
+  auto backend = NewCudaBackend(*NcclTransportDevice(*transport));
+  const Queue compute = backend->queue(QueueKind::kCompute);
+  absl::StatusOr<cudaStream_t> stream = CudaComputeStream(*backend);
+  REQUIRE(stream.ok());
+  REQUIRE(transport->CanOrderAfter(compute));
+  CHECK(transport->CanOrderAfter(backend->queue(QueueKind::kD2H)));
+  const std::vector<unsigned char> before = RandomBytes(kSize, 41);
+  DeviceBytes source(kSize);
+  DeviceBytes target(kSize);
+  auto exchange = [&] {
+    const absl::Status ordered = transport->OrderAfter(compute);
+    INFO(ordered.ToString());
+    REQUIRE(ordered.ok());
+    // The host did not wait: the spin enqueued before OrderAfter is still running.
+    CHECK(cudaStreamQuery(*stream) == cudaErrorNotReady);
+    auto recv = Post(transport->Recv(0, Activation(4, 1), target.get(), kSize));
+    auto send = Post(transport->Send(0, Activation(4, 1), source.get(), kSize));
+    WaitOk(*recv);
+    WaitOk(*send);
+    REQUIRE(backend->Synchronize(kTimeout).ok());
+  };
+  SECTION("a send reads what compute wrote last") {
+    source.Upload(before);
+    PO_CUDA_CHECK(LaunchSpin(*stream, kSpinSeconds));
+    REQUIRE(backend->FillAsync(compute, source.get(), kPattern, kSize).ok());
+    exchange();
+    CHECK(FirstMismatch(target.Download(), Filled(kPattern, kSize)) == -1);
+  }
+  SECTION("a receive overwrites a block only after compute has read it") {
+    DeviceBytes readback(kSize);
+    target.Upload(before);
+    source.Upload(Filled(kPattern, kSize));
+    PO_CUDA_CHECK(LaunchSpin(*stream, kSpinSeconds));
+    REQUIRE(backend->CopyAsync(compute, readback.get(), target.get(), kSize).ok());
+    exchange();
+    CHECK(FirstMismatch(readback.Download(), before) == -1);
+    CHECK(FirstMismatch(target.Download(), Filled(kPattern, kSize)) == -1);
+  }
+  // Still healthy after either: a barrier with itself goes through.
+  CHECK(transport->Barrier(0, kTimeout).ok());
+}
+
+TEST_CASE("OrderAfter refuses queues it cannot order after, and a dead transport",
+          "[gpu][nccl][order]") {
+  auto transport = NewNccl();
+  auto cpu = NewCpuBackend();
+  CHECK_FALSE(transport->CanOrderAfter(cpu->queue(QueueKind::kCompute)));
+  const absl::Status refused = transport->OrderAfter(cpu->queue(QueueKind::kCompute));
+  INFO(refused.ToString());
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(refused, "cannot order its transfers after the compute queue"));
+  CHECK(Contains(refused, "not a CUDA backend"));
+  int devices = 0;
+  PO_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices > 1) {
+    auto other = NewCudaBackend(1);
+    CHECK_FALSE(transport->CanOrderAfter(other->queue(QueueKind::kCompute)));
+    const absl::Status elsewhere = transport->OrderAfter(other->queue(QueueKind::kCompute));
+    CHECK(elsewhere.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(elsewhere, "it is on cuda:1, the transport on cuda:0"));
+  }
+  // After an abort (a 2 GiB transfer given no time) ordering fails like every other call.
+  constexpr std::int64_t kSize = std::int64_t{2} << 30;
+  auto backend = NewCudaBackend(*NcclTransportDevice(*transport));
+  DeviceBytes source(kSize);
+  DeviceBytes target(kSize);
+  auto recv = Post(transport->Recv(0, Activation(0), target.get(), kSize));
+  auto send = Post(transport->Send(0, Activation(0), source.get(), kSize));
+  CHECK(recv->Wait(0.0).code() == absl::StatusCode::kDeadlineExceeded);
+  const absl::Status dead = transport->OrderAfter(backend->queue(QueueKind::kCompute));
+  INFO(dead.ToString());
+  CHECK(dead.code() == absl::StatusCode::kUnavailable);
+  CHECK(Contains(dead, "earlier failure"));
 }
 
 // --- One rank per GPU (mpiexec -n 2 on two GPUs): hidden from the default run. ---------------

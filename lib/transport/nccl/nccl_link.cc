@@ -72,6 +72,7 @@ absl::Status NcclLink::InitLocked(const ncclUniqueId& id) {
   ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   PO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  PO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
   const auto slot_bytes = static_cast<std::size_t>(options_.max_pending_messages) *
                           static_cast<std::size_t>(kHeaderBytes);
   // Mapped: the header kernels read and write the host slots directly (see the header).
@@ -471,6 +472,23 @@ void NcclLink::Abandon(const std::shared_ptr<Transfer>& transfer) {
   FailLocked(*transfer, status);
 }
 
+absl::Status NcclLink::OrderAfter(cudaStream_t after, std::string_view what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok() || shut_down_) return DeadLocked();
+  ScopedDevice guard;
+  PO_RETURN_IF_ERROR(guard.Enter(device_));
+  absl::Status status = [&]() -> absl::Status {
+    PO_CUDA_RETURN_IF_ERROR(cudaEventRecord(order_event_, after));
+    PO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, order_event_, 0));
+    return absl::OkStatus();
+  }();
+  if (status.ok()) return status;
+  status = Annotate(status, absl::StrCat(Where(), ": ordering the P2P stream after the ",
+                                         std::string(what)));
+  AbortLocked(status);
+  return status;
+}
+
 absl::Status NcclLink::Exchange(const std::vector<int>& peers, double timeout_seconds,
                                 std::string_view what) {
   std::vector<std::shared_ptr<Transfer>> transfers;
@@ -538,6 +556,7 @@ NcclLink::~NcclLink() {
   guard.Enter(device_).IgnoreError();
   if (comm_ != nullptr) AbortLocked(absl::UnavailableError("destroyed"));
   for (cudaEvent_t event : spare_events_) PO_CUDA_LOG_IF_ERROR(cudaEventDestroy(event));
+  if (order_event_ != nullptr) PO_CUDA_LOG_IF_ERROR(cudaEventDestroy(order_event_));
   if (stream_ != nullptr) PO_CUDA_LOG_IF_ERROR(cudaStreamDestroy(stream_));
   if (host_slots_ != nullptr) PO_CUDA_LOG_IF_ERROR(cudaFreeHost(host_slots_));
   if (device_slots_ != nullptr) PO_CUDA_LOG_IF_ERROR(cudaFree(device_slots_));

@@ -19,6 +19,12 @@
 // Failures are final (Abort): after a timeout on a posted transfer, an NCCL or CUDA error, a
 // header mismatch or an abandoned posted transfer, the communicator is aborted, the stream
 // drained, and every later call fails with Unavailable naming that first failure.
+// Ordering after compute (Transport::OrderAfter): the stream waits on an event recorded on the
+// caller's stream (cudaStreamWaitEvent), so everything posted later, headers included, runs
+// after that work; the host never waits. An abort still drains the stream: ncclCommAbort stops
+// NCCL's kernels, and the waits left end once the caller's stream has run past them (bounded by
+// kDrainSeconds like the rest). A failed ordering aborts too: a later transfer would otherwise
+// run unordered, on a buffer that compute still writes or reads.
 // Every method takes mu_ (the transport is used from one thread, but requests may be destroyed
 // on another) and makes the link's device current.
 #ifndef PIPEOFFLOAD_LIB_TRANSPORT_NCCL_NCCL_LINK_H_
@@ -32,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -101,6 +108,10 @@ class NcclLink {
   // The request owning `transfer` is gone: an unmatched self message is withdrawn, a posted
   // one that has not finished aborts the communicator (its buffer may be freed next).
   void Abandon(const std::shared_ptr<Transfer>& transfer);
+  // Transfers posted from now on start on the device only after the work enqueued on `after`
+  // (a stream of this link's device) so far. `what` names that stream in errors. Errors:
+  // Unavailable after a failure; the CUDA call that failed (which aborts the communicator).
+  [[nodiscard]] absl::Status OrderAfter(cudaStream_t after, std::string_view what);
   // Header exchange with each of `peers` (both directions, one group), waited for.
   // Errors: DeadlineExceeded after `timeout_seconds` (aborting), the Post / Test errors.
   [[nodiscard]] absl::Status Exchange(const std::vector<int>& peers, double timeout_seconds,
@@ -145,6 +156,9 @@ class NcclLink {
   char* device_slots_ = nullptr;  // the same, on the device
   std::vector<int> free_slots_;
   std::vector<cudaEvent_t> spare_events_;
+  // OrderAfter's, re-recorded each time: a stream wait captures the event's state when it is
+  // enqueued, so one event serves every ordering.
+  cudaEvent_t order_event_ = nullptr;
   std::deque<std::shared_ptr<Transfer>> self_sends_;  // unmatched, oldest first
   std::deque<std::shared_ptr<Transfer>> self_recvs_;
   int posted_ = 0;         // transfers in kPosted

@@ -17,6 +17,7 @@
 #include "lib/transport/nccl/nccl_link.h"
 #include "lib/transport/nccl/nccl_status.h"
 #include "pipeoffload/cuda.h"
+#include "pipeoffload/cuda_stream.h"
 #include "pipeoffload/transport.h"
 
 namespace pipeoffload {
@@ -73,6 +74,16 @@ class NcclTransport final : public Transport {
     return Post(/*is_recv=*/true, peer, tag, data, bytes);
   }
 
+  // A CUDA backend's queue on this transport's GPU: its raw stream is what the link's stream
+  // waits on (an event is recorded on the queue's device, so the devices must agree).
+  bool CanOrderAfter(const Queue& queue) const override { return OrderStream(queue).ok(); }
+
+  absl::Status OrderAfter(const Queue& queue) override {
+    PO_ASSIGN_OR_RETURN(cudaStream_t stream, OrderStream(queue));
+    return link_->OrderAfter(stream, absl::StrCat(QueueName(queue), " queue of ",
+                                                  queue.owner()->Name()));
+  }
+
   absl::Status Barrier(int peer, double timeout_seconds) override {
     if (peer < 0 || peer >= size()) {
       return absl::InvalidArgumentError(absl::StrCat("nccl transport: rank ", rank(),
@@ -105,6 +116,30 @@ class NcclTransport final : public Transport {
     PO_ASSIGN_OR_RETURN(std::shared_ptr<Transfer> transfer,
                         link_->Post(is_recv, peer, tag, data, bytes));
     return std::unique_ptr<TransferRequest>(new NcclRequest(link_, std::move(transfer)));
+  }
+
+  // The stream of `queue` when the transport can order after it, else InvalidArgument saying
+  // why (not a CUDA backend's queue, or one on another GPU).
+  // Called before every post (CanOrderAfter), so the message is only built on failure.
+  absl::StatusOr<cudaStream_t> OrderStream(const Queue& queue) const {
+    auto where = [&] {
+      return absl::StrCat("nccl transport: rank ", rank(), " cannot order its transfers after the ",
+                          QueueName(queue), " queue");
+    };
+    if (queue.owner() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": the queue has no backend"));
+    }
+    absl::StatusOr<int> device = CudaBackendDevice(*queue.owner());
+    if (!device.ok()) return Annotate(device.status(), where());
+    if (*device != link_->device()) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), " of ", queue.owner()->Name(),
+                                                     ": it is on cuda:", *device,
+                                                     ", the transport on cuda:",
+                                                     link_->device()));
+    }
+    absl::StatusOr<cudaStream_t> stream = CudaQueueStream(queue);
+    if (!stream.ok()) return Annotate(stream.status(), where());
+    return *stream;
   }
 
   MpiSession session_;
