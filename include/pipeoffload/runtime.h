@@ -84,6 +84,12 @@ struct IterationStats {
   // Of wait_seconds: host time waiting for D2H copies of released stash blocks (an allocation
   // under pressure, the end of the iteration, or RELEASE itself with wait_for_copy_at_release).
   double release_wait_seconds = 0.0;
+  // SEND and RECV posts that had to be ordered after the compute queue (every SEND, and every
+  // RECV on a backend whose memory the host cannot touch): on the device by the transport
+  // (Transport::OrderAfter, no host wait), or by host-waiting the compute queue when the
+  // transport cannot (local, MPI). The waits are not in wait_seconds.
+  std::int64_t p2p_device_orders = 0;
+  std::int64_t p2p_compute_waits = 0;
   std::vector<TimedOp> ops;            // [program index], engine and times filled
   std::vector<MemorySample> memory;    // stash bytes / entries after each change
 };

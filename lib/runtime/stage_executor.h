@@ -26,17 +26,20 @@
 //    after the copy. Physical stash bytes >= logical; both fit the arena budget. Host time in
 //    those waits is release_wait_seconds (part of wait_seconds).
 //    ActivationStashOptions::wait_for_copy_at_release restores the blocking RELEASE.
-//  - Events: before a send posts a buffer written by compute, compute_done_ is recorded on the
-//    compute queue and host-waited (a no-op on the CPU backend, required on asynchronous ones:
-//    a transport may read the buffer from any thread or stream, and the Transport interface
-//    has no queue to make wait instead). The stash owns the copy events (activation_stash.cc).
+//  - Events: before a send posts a buffer written by compute, the transport is ordered after
+//    the compute queue. When it can do that on the device (Transport::CanOrderAfter, NCCL on
+//    the stage's GPU) OrderAfter makes its stream wait and the host goes on; otherwise
+//    compute_done_ is recorded on the compute queue and host-waited (a no-op on the CPU
+//    backend, required on asynchronous ones: a transport such as local or MPI may read the
+//    buffer from any thread). The stash owns the copy events (activation_stash.cc).
 //  - Device memory the host cannot touch (CUDA) is only accepted with a transport that moves
 //    it (Transport::AcceptsDeviceMemory); the executor itself never reads stash or P2P bytes
 //    then (the stash's poison scan skips such backends).
 //  - P2P buffers freed right after a model call may still be read by compute work enqueued on
 //    an asynchronous backend, and the next owner of such a block may be a receive, which a
-//    transport writes from another stream or thread. So on those backends a RECV first
-//    host-waits the compute queue too (cheap: a SEND just before has usually waited already).
+//    transport writes from another stream or thread. So on those backends a RECV first orders
+//    the transport after the compute queue too, the same way (cheap when it host-waits: a SEND
+//    just before has usually waited already).
 //  - P2P plan (ExecutorOptions::p2p_guarantee_points, from AnalyzeP2P): before op j, every
 //    posted send whose guarantee point is <= j is waited for and its block freed, so live P2P
 //    blocks follow WalkP2P's walk and never exceed its peak. Such a wait cannot deadlock: the
@@ -125,8 +128,11 @@ class StageExecutor final : public Executor {
   absl::Status Recv(int index, const Op& op);
   absl::Status Release(int index, const Op& op);
   absl::Status Barrier(int index, const Op& op);
-  // Records compute_done_ on the compute queue and host-waits it (bounded by the watchdog).
-  absl::Status WaitForCompute(int index, const Op& op);
+  // Makes the transport's next posts start after the compute work enqueued so far: on the
+  // device when it can (Transport::OrderAfter), else compute_done_ is recorded on the compute
+  // queue and host-waited (bounded by the watchdog). Counted in p2p_device_orders /
+  // p2p_compute_waits.
+  absl::Status OrderAfterCompute(int index, const Op& op);
   absl::StatusOr<void*> TakeInput(int index, const Op& op, bool activation);
   // The entry B or W reads: a reloading entry is ordered before the compute work (no host
   // wait); FinishReloadAfter, right after the model call, host-waits its copy and returns the

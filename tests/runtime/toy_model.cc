@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "pipeoffload/compiler.h"
 
 namespace pipeoffload::testing {
 namespace {
@@ -189,39 +190,44 @@ std::vector<ToyGrads> ToyReference(const ToyConfig& config) {
   return grads;
 }
 
-std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
-                                         const HarnessOptions& options) {
+absl::StatusOr<Schedule> CompileToy(const ToyConfig& config, Family family,
+                                    OffloadPolicy policy) {
+  PipelineSpec spec;
+  spec.family = family;
+  spec.num_stages = config.num_stages;
+  spec.num_microbatches = config.num_microbatches;
+  spec.chunks_per_stage = config.chunks_per_stage;
+  spec.offload = policy;
+  CostModel cost = UnitCostModel(0.5);
+  cost.activation_bytes = ToyStageModel(config, 0).SavedBytes(0, false);
+  return Compile(spec, cost);
+}
+
+std::vector<StageOutcome> RunToyStages(const Schedule& schedule,
+                                       const std::vector<Backend*>& backends,
+                                       const std::vector<Transport*>& transports,
+                                       const HarnessOptions& options) {
   const PipelineSpec& spec = schedule.spec;
   const int p = spec.num_stages;
   std::vector<StageOutcome> outcomes(static_cast<std::size_t>(p));
-  absl::StatusOr<std::vector<std::unique_ptr<Transport>>> transports =
-      CreateLocalTransports(static_cast<int>(schedule.stages.size()));
-  if (!transports.ok()) {
-    for (StageOutcome& outcome : outcomes) outcome.status = transports.status();
-    return outcomes;
-  }
   const ToyConfig config{p, spec.chunks_per_stage, spec.num_microbatches, options.width,
                          options.extra_words};
   auto run_stage = [&](int d) {
     StageOutcome& outcome = outcomes[static_cast<std::size_t>(d)];
-    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend(options.backend);
-    if (!backend.ok()) {
-      outcome.status = backend.status();
-      return;
-    }
+    Backend& backend = *backends[static_cast<std::size_t>(d)];
     DeviceArenaOptions arena_options;
     arena_options.budget_bytes = options.arena_budget_bytes;
     arena_options.poison_on_free = options.poison;
     absl::StatusOr<std::unique_ptr<DeviceArena>> arena =
-        DeviceArena::Create(**backend, arena_options);
+        DeviceArena::Create(backend, arena_options);
     if (!arena.ok()) {
       outcome.status = arena.status();
       return;
     }
     ToyStageModel model(config, d);
     absl::StatusOr<std::unique_ptr<Executor>> executor =
-        Executor::Create(spec, schedule.stages[static_cast<std::size_t>(d)], model, **backend,
-                         **arena, *(*transports)[static_cast<std::size_t>(d)], options.executor);
+        Executor::Create(spec, schedule.stages[static_cast<std::size_t>(d)], model, backend,
+                         **arena, *transports[static_cast<std::size_t>(d)], options.executor);
     if (!executor.ok()) {
       outcome.status = executor.status();
     } else {
@@ -237,7 +243,7 @@ std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
       executor->reset();
     }
     for (int c = 0; c < spec.chunks_per_stage; ++c) outcome.grads.push_back(model.grads(c));
-    outcome.backend_stats = (*backend)->Stats();
+    outcome.backend_stats = backend.Stats();
     for (MemoryCategory category :
          {MemoryCategory::kStash, MemoryCategory::kP2P, MemoryCategory::kOther}) {
       outcome.arena_in_use_after += (*arena)->Usage(category).in_use_bytes;
@@ -247,6 +253,32 @@ std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
   for (int d = 0; d < p; ++d) threads.emplace_back(run_stage, d);
   for (std::thread& thread : threads) thread.join();
   return outcomes;
+}
+
+std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
+                                         const HarnessOptions& options) {
+  const int p = schedule.spec.num_stages;
+  absl::StatusOr<std::vector<std::unique_ptr<Transport>>> transports =
+      CreateLocalTransports(static_cast<int>(schedule.stages.size()));
+  absl::Status status = transports.status();
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int d = 0; d < p && status.ok(); ++d) {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend(options.backend);
+    status = backend.status();
+    if (backend.ok()) backends.push_back(std::move(*backend));
+  }
+  if (!status.ok()) {
+    std::vector<StageOutcome> outcomes(static_cast<std::size_t>(p));
+    for (StageOutcome& outcome : outcomes) outcome.status = status;
+    return outcomes;
+  }
+  std::vector<Backend*> backend_pointers;
+  std::vector<Transport*> transport_pointers;
+  for (int d = 0; d < p; ++d) {
+    backend_pointers.push_back(backends[static_cast<std::size_t>(d)].get());
+    transport_pointers.push_back((*transports)[static_cast<std::size_t>(d)].get());
+  }
+  return RunToyStages(schedule, backend_pointers, transport_pointers, options);
 }
 
 std::vector<ToyGrads> GradsByVirtualStage(const std::vector<StageOutcome>& outcomes,

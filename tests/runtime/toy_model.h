@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "pipeoffload/backend.h"
 #include "pipeoffload/memory.h"
 #include "pipeoffload/runtime.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/stage_model.h"
+#include "pipeoffload/transport.h"
 
 namespace pipeoffload::testing {
 
@@ -78,6 +80,11 @@ float ToyParamB(int l, int i);
 // pipeline schedule keeps per chunk). Returns the gradients per virtual stage.
 std::vector<ToyGrads> ToyReference(const ToyConfig& config);
 
+// `family` with `policy` compiled for config's stages, chunks and microbatches (unit costs,
+// offload ratio 0.5), with the toy model's activation bytes (chunk 0, unsplit backward).
+absl::StatusOr<Schedule> CompileToy(const ToyConfig& config, Family family,
+                                    OffloadPolicy policy);
+
 struct HarnessOptions {
   std::int64_t arena_budget_bytes = 1 << 20;
   bool poison = true;
@@ -101,6 +108,13 @@ struct StageOutcome {
 // one local transport). Gradients accumulate over iterations.
 std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
                                          const HarnessOptions& options);
+
+// The same on the caller's backends and transports: stage d runs on backends[d] and
+// transports[d] (both must outlive the call); options.backend is not used.
+std::vector<StageOutcome> RunToyStages(const Schedule& schedule,
+                                       const std::vector<Backend*>& backends,
+                                       const std::vector<Transport*>& transports,
+                                       const HarnessOptions& options);
 
 // Gradients of all virtual stages, indexed by virtual stage, from the stages' outcomes.
 std::vector<ToyGrads> GradsByVirtualStage(const std::vector<StageOutcome>& outcomes,

@@ -2,66 +2,23 @@
 // backend whose device memory is not host-accessible: an "opaque" wrapper of the CPU backend
 // that says so, so the executor must take the device path (no host access, compute waits
 // before RECVs) while the toy model's exact gradients still prove the data moved correctly.
-#include <atomic>
 #include <cstring>
 #include <tuple>
 #include <thread>
 #include <vector>
 
 #include "pipeoffload/backend.h"
-#include "pipeoffload/compiler.h"
 #include "pipeoffload/memory.h"
 #include "pipeoffload/runtime.h"
 #include "pipeoffload/transport.h"
+#include "tests/backend/opaque_backend.h"
 #include "tests/runtime/toy_model.h"
 #include "tests/testing/catch.h"
 
 namespace pipeoffload {
 namespace {
 
-// A CPU backend that claims its memory is not host-accessible (as the CUDA backend's is not).
-class OpaqueBackend final : public Backend {
- public:
-  explicit OpaqueBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string Name() const override { return "opaque-cpu"; }
-  bool DeviceMemoryIsHostAccessible() const override { return false; }
-  absl::StatusOr<void*> AllocateDevice(std::int64_t b) override { return inner_->AllocateDevice(b); }
-  void FreeDevice(void* p) override { inner_->FreeDevice(p); }
-  absl::StatusOr<void*> AllocateHost(std::int64_t b) override { return inner_->AllocateHost(b); }
-  void FreeHost(void* p) override { inner_->FreeHost(p); }
-  absl::Status CopyAsync(Queue q, void* d, const void* s, std::int64_t b) override {
-    return inner_->CopyAsync(Inner(q), d, s, b);
-  }
-  absl::Status FillAsync(Queue q, void* d, std::uint32_t p, std::int64_t b) override {
-    return inner_->FillAsync(Inner(q), d, p, b);
-  }
-  absl::StatusOr<Event> CreateEvent() override {
-    absl::StatusOr<Event> e = inner_->CreateEvent();
-    if (!e.ok()) return e;
-    return Event(this, e->id());
-  }
-  void DestroyEvent(Event e) override { inner_->DestroyEvent(Inner(e)); }
-  absl::Status RecordEvent(Event e, Queue q) override {
-    ++records_;
-    return inner_->RecordEvent(Inner(e), Inner(q));
-  }
-  absl::Status QueueWaitEvent(Queue q, Event e) override {
-    return inner_->QueueWaitEvent(Inner(q), Inner(e));
-  }
-  absl::StatusOr<bool> QueryEvent(Event e) override { return inner_->QueryEvent(Inner(e)); }
-  absl::Status WaitEvent(Event e, double t) override { return inner_->WaitEvent(Inner(e), t); }
-  absl::StatusOr<double> EventTime(Event e) override { return inner_->EventTime(Inner(e)); }
-  absl::Status Synchronize(double t) override { return inner_->Synchronize(t); }
-  double NowSeconds() const override { return inner_->NowSeconds(); }
-  BackendStats Stats() const override { return inner_->Stats(); }
-  int records() const { return records_.load(); }
-
- private:
-  Queue Inner(Queue q) const { return inner_->queue(q.kind()); }
-  Event Inner(Event e) const { return Event(inner_.get(), e.id()); }
-  std::unique_ptr<Backend> inner_;
-  std::atomic<int> records_{0};
-};
+using testing::OpaqueBackend;
 
 std::unique_ptr<OpaqueBackend> MakeOpaque(const CpuBackendOptions& options = {}) {
   absl::StatusOr<std::unique_ptr<Backend>> cpu = CreateCpuBackend(options);
@@ -191,19 +148,6 @@ TEST_CASE("BackendComputeCopier copies on the backend's compute queue and waits"
   CHECK(backend->Stats().copies == 1);
 }
 
-absl::StatusOr<Schedule> CompileToy(OffloadPolicy policy, Family family, int v,
-                                    std::int64_t saved_bytes) {
-  PipelineSpec spec;
-  spec.family = family;
-  spec.num_stages = 4;
-  spec.num_microbatches = 8;
-  spec.chunks_per_stage = v;
-  spec.offload = policy;
-  CostModel cost = UnitCostModel(0.5);
-  cost.activation_bytes = saved_bytes;
-  return Compile(spec, cost);
-}
-
 TEST_CASE("executor runs on a non-host-accessible backend with the copier transport, exactly",
           "[runtime][executor][device]") {
   const auto [family, v, policy] = GENERATE(
@@ -215,8 +159,7 @@ TEST_CASE("executor runs on a non-host-accessible backend with the copier transp
   config.num_stages = 4;
   config.chunks_per_stage = v;
   config.num_microbatches = 8;
-  testing::ToyStageModel probe(config, 0);
-  absl::StatusOr<Schedule> schedule = CompileToy(policy, family, v, probe.SavedBytes(0, false));
+  absl::StatusOr<Schedule> schedule = testing::CompileToy(config, family, policy);
   REQUIRE(schedule.ok());
   CAPTURE(FamilyName(family), OffloadPolicyName(policy));
 

@@ -143,6 +143,15 @@ void RunStageOverMpi(const Schedule& schedule, std::int64_t predicted_peak) {
   INFO(stats.status().ToString());
   REQUIRE(stats.ok());
   if (predicted_peak >= 0) CHECK(stats->stash_high_water_bytes == predicted_peak);
+  // MPI moves host buffers from the host, so it cannot order after a queue: every SEND
+  // host-waited the compute queue (RECVs need nothing on a host-accessible backend).
+  CHECK_FALSE(world.CanOrderAfter((*backend)->queue(QueueKind::kCompute)));
+  int sends = 0;
+  for (const Op& op : schedule.stages[static_cast<std::size_t>(d)].ops) {
+    sends += op.kind == OpKind::kSendActivation || op.kind == OpKind::kSendGrad ? 1 : 0;
+  }
+  CHECK(stats->p2p_compute_waits == sends);
+  CHECK(stats->p2p_device_orders == 0);
   const auto reference = ToyReference(config);
   for (int c = 0; c < spec.chunks_per_stage; ++c) {
     CAPTURE(c);
