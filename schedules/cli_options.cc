@@ -151,24 +151,37 @@ const std::vector<OptionDef>& Options() {
          return absl::OkStatus();
        }},
       {"policy", "NAME",
-       "1f1b | interleaved | group-interleaved (no offload), or po-h | po-f | selective | auto "
-       "(offload on top of --family). Default 1f1b.",
+       "1f1b | interleaved | group-interleaved | zbv | dualpipev (no offload), or po-h | po-f | "
+       "selective | auto (offload on top of --family). Default 1f1b.",
        [](Parsing& p, std::string_view value) -> absl::Status {
          p.policy = std::string(value);
          if (!FamilyFromName(value) && !OffloadPolicyFromName(value)) {
            return BadValue("policy",
-                           "one of 1f1b, interleaved, group-interleaved, po-h, po-f, selective, "
-                           "auto",
+                           "one of 1f1b, interleaved, group-interleaved, zbv, dualpipev, po-h, "
+                           "po-f, selective, auto",
                            value);
          }
          return absl::OkStatus();
        }},
       {"family", "NAME",
-       "compute order for offload policies: 1f1b | interleaved | group-interleaved. Default "
-       "group-interleaved when v > 1, else 1f1b.",
+       "compute order for offload policies: 1f1b | interleaved | group-interleaved | zbv | "
+       "dualpipev. Default group-interleaved when v > 1, else 1f1b.",
        [](Parsing& p, std::string_view value) -> absl::Status {
          p.family = FamilyFromName(value);
-         if (!p.family) return BadValue("family", "1f1b, interleaved or group-interleaved", value);
+         if (!p.family) {
+           return BadValue("family", "1f1b, interleaved, group-interleaved, zbv or dualpipev",
+                           value);
+         }
+         return absl::OkStatus();
+       }},
+      {"placement", "loop|v",
+       "which virtual stages a stage's chunks are: loop = chunk c of stage d is c*p + d "
+       "(1f1b, interleaved, group-interleaved); v = chunk 0 is d, chunk 1 is 2p-1-d (zbv, "
+       "dualpipev; v = 2). The family implies it; import infers it from the CSV, and a given "
+       "value must agree.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         p.options.placement = PlacementFromName(value);
+         if (!p.options.placement) return BadValue("placement", "loop or v", value);
          return absl::OkStatus();
        }},
       {"offload-fraction", "X", "selective: share of the activation volume to offload, 0..1.",
@@ -334,10 +347,12 @@ absl::Status CheckEveryOptionUsed(const Parsing& p) {
   // the file, except what a CSV does not carry: import's --stages and its family hint.
   static constexpr std::string_view kSpecOptions[] = {
       "microbatches", "chunks", "group-size", "split-backward", "offload-fraction",
-      "offload-chunks", "memory-budget", "strict", "alternatives", "stages", "policy", "family"};
+      "offload-chunks", "memory-budget", "strict", "alternatives", "stages", "policy", "family",
+      "placement"};
   if (command == Command::kImport || command == Command::kValidate) {
     for (std::string_view name : kSpecOptions) {
-      const bool import_reads = name == "stages" || name == "policy" || name == "family";
+      const bool import_reads = name == "stages" || name == "policy" || name == "family" ||
+                                name == "placement";
       if (given(name) && !(command == Command::kImport && import_reads)) {
         return unused(name, "compile and compare (the file holds the spec)");
       }
@@ -462,6 +477,19 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
     }
   }
   if (!chunks_given && spec.family != Family::k1F1B) spec.chunks_per_stage = 2;
+  p.options.stages_given =
+      std::find(p.given.begin(), p.given.end(), std::string_view("stages")) != p.given.end();
+  // The V families imply v placement (ResolveSpec sets it); a loop family given v is refused
+  // there. Import checks the file against a given placement instead.
+  const bool v_family = spec.family == Family::kZbv || spec.family == Family::kDualPipeV;
+  if (p.options.placement && p.options.command != Command::kImport) {
+    if (v_family && *p.options.placement != Placement::kV) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--placement loop contradicts --", FamilyFromName(p.policy) ? "policy " : "family ",
+          std::string(FamilyName(spec.family)), ", which places chunks in a V"));
+    }
+    spec.placement = *p.options.placement;
+  }
   if (spec.offload == OffloadPolicy::kSelective && spec.offload_chunks == 0 &&
       spec.offload_fraction == 0) {
     return absl::InvalidArgumentError(
@@ -496,7 +524,9 @@ std::string UsageText() {
       "  po-schedule compare [options]          every policy side by side (time, bubble,\n"
       "                                         peak memory per stage, host memory)\n"
       "  po-schedule import FILE.csv [options]  read a torch.distributed.pipelining CSV\n"
-      "                                         (--stages = its rows), validate, simulate\n"
+      "                                         (ranks = its rows unless --stages, placement\n"
+      "                                         inferred unless --placement), validate,\n"
+      "                                         simulate\n"
       "  po-schedule validate FILE.json         check a schedule file, print its predictions\n"
       "\noptions:\n";
   for (const OptionDef& def : Options()) {
@@ -523,7 +553,10 @@ std::string UsageText() {
       "  po-schedule --stages 4 --microbatches 8 --policy po-h --unit-costs --format svg "
       "--out po-h.svg\n"
       "  po-schedule compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 0.25\n"
-      "  po-schedule --policy auto --memory-budget 40Gi --alternatives\n");
+      "  po-schedule --policy auto --memory-budget 40Gi --alternatives\n"
+      "  po-schedule --policy zbv --stages 4 --microbatches 8 --format pytorch-csv\n"
+      "  po-schedule --policy po-h --family dualpipev --stages 4 --microbatches 16\n"
+      "  po-schedule import dualpipev.csv --format text\n");
   return text;
 }
 

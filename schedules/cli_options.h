@@ -22,6 +22,8 @@ struct CliOptions {
   std::string format = "table";  // table | text | json | pytorch-csv[-comms] | trace | svg
   std::string out;             // output file; empty = stdout
   std::string input;           // import: the PyTorch CSV; validate: the schedule JSON
+  bool stages_given = false;   // import: --stages given (else the CSV's rows)
+  std::optional<Placement> placement;  // --placement; import: else inferred from the CSV
   bool show_alternatives = false;  // auto: print every candidate weighed
   bool unit_costs = false;         // times in units (trace scale, table units)
   bool help = false;

@@ -203,7 +203,9 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
     params.reload_margin =
         cost.reload_margin_in_backward_times * cost.BackwardTime(s, spec.split_backward);
     group.plans.emplace_back(s, std::move(ops), spec.split_backward, params,
-                             [&](int chunk) { return cost.ActivationBytes(s, chunk, spec.stage_map()); });
+                             [&, map = spec.stage_map()](int chunk) {
+                               return cost.ActivationBytes(s, chunk, map);
+                             });
     group.engines.emplace_back();
     group.h2d_ends.emplace_back();
     group.cached.emplace_back(group.plans.back().entries().size());

@@ -109,8 +109,9 @@ absl::Status RunImport(const CliOptions& options) {
   PO_ASSIGN_OR_RETURN(const std::string csv,
                       ReadBoundedFile(options.input, {"schedule CSV", kMaxScheduleFileBytes,
                                                       /*text=*/true}));
-  absl::StatusOr<Schedule> parsed =
-      ParsePyTorchCsv(csv, options.spec.num_stages, options.spec.family);
+  absl::StatusOr<Schedule> parsed = ParsePyTorchCsv(
+      csv, CsvImportOptions{options.stages_given ? options.spec.num_stages : 0,
+                            options.placement, options.spec.family});
   if (!parsed.ok()) return Annotate(parsed.status(), options.input);
   Schedule schedule = *std::move(parsed);
   bool has_comm = false;

@@ -165,7 +165,8 @@ absl::Status RequireLoopPlacement(const PipelineSpec& spec) {
   if (spec.placement == Placement::kLoop) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(FamilyName(spec.family)), " builds loop placement only (got placement ",
-      std::string(PlacementName(spec.placement)), "); placement v comes with the zbv and dualpipev families"));
+      std::string(PlacementName(spec.placement)),
+      "); placement v comes with the zbv and dualpipev families"));
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ std::optional<Family> FamilyFromName(std::string_view name);
 
 // Which layer groups (virtual stages) a stage's chunks hold (issue 15).
 enum class Placement : std::uint8_t {
-  kLoop,  // "loop": chunk c of stage d is virtual stage c * p + d (Megatron, torch's Interleaved1F1B)
+  kLoop,  // "loop": chunk c of stage d is virtual stage c * p + d (Megatron, Interleaved1F1B)
   kV,     // "v": v = 2; chunk 0 of stage d is virtual stage d, chunk 1 is 2p - 1 - d (torch's
           //      ZBVZeroBubble and DualPipeV: stage s on rank s for s < p, else on 2p - 1 - s)
 };

@@ -3,6 +3,7 @@
 #ifndef PIPEOFFLOAD_SCHEDULE_IO_H_
 #define PIPEOFFLOAD_SCHEDULE_IO_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,17 +27,30 @@ std::string ScheduleToJson(const Schedule& schedule);
 std::string ScheduleToText(const Schedule& schedule);
 
 // torch.distributed.pipelining CSV, current dialect (B = full backward, I = input grad,
-// W = weight grad), one row per rank, no header, actions "<virtual stage><TYPE><mb>" with virtual
-// stage = chunk * p + rank. Offload ops and BARRIERs are stripped. With split backward our B
+// W = weight grad), one row per rank, no header, actions "<virtual stage><TYPE><mb>" with the
+// virtual stage of the spec's placement (VirtualStageMap: chunk * p + rank for loop, rank or
+// 2p - 1 - rank for v). Offload ops and BARRIERs are stripped. With split backward our B
 // becomes I. kComputeOnly writes F/I/B/W only; kComputeComms also the SEND/RECV actions.
 enum class CsvFlavor { kComputeOnly, kComputeComms };
 std::string ScheduleToPyTorchCsv(const Schedule& schedule, CsvFlavor flavor);
-// Reads such a CSV into a Schedule for a pipeline with `num_stages` ranks (the file does not
-// carry it). Infers m and v from the actions, the family from `family_hint`, split_backward
-// from the presence of I/W. A compute_only file comes back without comm ops (run it through
+// What an import knows besides the file.
+struct CsvImportOptions {
+  int num_stages = 0;                  // ranks; 0 = the file's rows (up to its last non-blank)
+  std::optional<Placement> placement;  // nullopt = inferred from the rows
+  Family family_hint = Family::k1F1B;
+};
+// Reads such a CSV (any schedule torch 2.11 writes: Interleaved1F1B, InterleavedZeroBubble,
+// LoopedBFS, ZBVZeroBubble, DualPipeV, ...) into a Schedule. Infers m and v from the actions,
+// the ranks from the rows unless given (a given count must fit the rows: fewer rows, or actions
+// past it, are errors), the placement unless given (v when the rows put virtual stage l >= p on
+// rank 2p - 1 - l; every action must sit on its placement's rank), the family from the hint,
+// split_backward from any I/W. A compute_only file comes back without comm ops (run it through
 // LowerCommunication, compiler.h); a compute_comms file comes back as it is. An "I" followed
-// later by "W" of the same action is our B + W; a "B" when other rows split is an error.
-// Errors: InvalidArgument naming row, column and cell.
+// later by "W" of the same action is our B + W; in a split file a full "B" is our B and its W;
+// OVERLAP_F_B is its sub-actions in order. Errors: InvalidArgument naming row, column and cell.
+[[nodiscard]] absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv,
+                                                       const CsvImportOptions& options);
+// The same for a pipeline of `num_stages` >= 1 ranks, the placement inferred.
 [[nodiscard]] absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, int num_stages,
                                                        Family family_hint);
 

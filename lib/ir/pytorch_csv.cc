@@ -2,11 +2,18 @@
 // sections 1.2-1.4): export of a Schedule and import of a torch-written file.
 //
 // Cell grammar: <virtual stage><TYPE>[<microbatch>], e.g. "5F3", "2SEND_F0", "0UNSHARD"; one
-// row per rank, no header, empty cell = idle slot. Virtual stage l lives on rank l % p ("loop"
-// placement), and our (stage d, chunk c) is virtual stage c * p + d. Our B is torch's B (full
-// backward) when the spec does not split W and torch's I (input gradient) when it does. Offload
-// ops and BARRIERs have no torch equivalent and are stripped on export. Torch's UNSHARD, RESHARD
-// and REDUCE_GRAD are no-ops for us and are skipped on import.
+// row per rank, no header, empty cell = idle slot. Virtual stage l lives on rank l % p under loop
+// placement (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) and on rank l or 2p - 1 - l under
+// V placement (ZBVZeroBubble, DualPipeV); VirtualStageMap maps our (stage d, chunk c) to it. Our
+// B is torch's B (full backward) when the spec does not split W and torch's I (input gradient)
+// when it does. Offload ops and BARRIERs have no torch equivalent and are stripped on export.
+// Torch's UNSHARD, RESHARD and REDUCE_GRAD are no-ops for us and are skipped on import.
+//
+// Import infers what the file does not say: the ranks from its rows, the placement from the rank
+// its virtual stages >= p run on, split backward from any I or W. In a split file a full B is our
+// B followed by its W (DualPipeV writes both), and DualPipeV's "(0F3;7B2)OVERLAP_F_B" is its
+// sub-actions in order: our runtime has one compute stream per stage, so they run one after the
+// other, which keeps every dependency and the memory order.
 //
 // Error positions: "row r, column c" are 0-based (row r is rank r), followed by the cell text.
 #include <algorithm>
@@ -167,10 +174,6 @@ std::string ActionTypeList() {
 
 // Parses one non-empty, trimmed cell. Errors say what is wrong, without the position.
 absl::StatusOr<Action> ParseCell(std::string_view cell) {
-  if (cell.find("OVERLAP_F_B") != std::string_view::npos) {
-    return absl::InvalidArgumentError(
-        "OVERLAP_F_B (DualPipeV's overlapped forward and backward) is not supported");
-  }
   std::size_t pos = 0;
   PO_ASSIGN_OR_RETURN(const std::optional<int> stage, ReadNumber(cell, &pos, "virtual stage"));
   if (!stage.has_value()) {
@@ -215,6 +218,87 @@ absl::StatusOr<Action> ParseCell(std::string_view cell) {
   return action;
 }
 
+bool IsComputeAction(ActionType type) {
+  return type == ActionType::kForward || type == ActionType::kBackwardInput ||
+         type == ActionType::kFullBackward || type == ActionType::kBackwardWeight;
+}
+
+// One cell's actions: one, or an OVERLAP_F_B's sub-actions "(a;b;...)OVERLAP_F_B" in order
+// (torch writes a forward and a full backward there).
+absl::StatusOr<std::vector<Action>> ParseCellActions(std::string_view cell) {
+  if (cell.empty() || cell.front() != '(') {
+    PO_ASSIGN_OR_RETURN(Action action, ParseCell(cell));
+    return std::vector<Action>{action};
+  }
+  const std::size_t close = cell.find(')');
+  if (close == std::string_view::npos || cell.substr(close + 1) != "OVERLAP_F_B") {
+    return absl::InvalidArgumentError(
+        "a cell that starts with \"(\" must be \"(<action>;<action>...)OVERLAP_F_B\"");
+  }
+  std::vector<Action> actions;
+  for (std::string_view part : Split(cell.substr(1, close - 1), ';')) {
+    part = Trim(part);
+    if (part.empty()) continue;
+    absl::StatusOr<Action> action = ParseCell(part);
+    if (!action.ok()) {
+      return Annotate(action.status(), absl::StrCat("OVERLAP_F_B part \"", Echo(part), "\""));
+    }
+    if (!IsComputeAction(action->type)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "OVERLAP_F_B part \"", Echo(part), "\" is not a compute action (F, I, B or W)"));
+    }
+    actions.push_back(*std::move(action));
+  }
+  if (actions.empty()) return absl::InvalidArgumentError("OVERLAP_F_B without sub-actions");
+  return actions;
+}
+
+// The rank virtual stage `l` runs on under `placement`, -1 when it has none (V: l >= 2p).
+int RankOf(Placement placement, int p, int l) {
+  if (placement == Placement::kV && l >= 2 * p) return -1;
+  return VirtualStageMap{placement, p, 2}.stage_of(l);
+}
+
+// The placement the rows follow: `given`, or inferred from the first action of a virtual stage
+// >= p (loop runs it on rank l % p, V on 2p - 1 - l; below p both agree); then every action is
+// checked against it. Errors name the cell and both rules.
+absl::StatusOr<Placement> RowPlacement(const std::vector<std::vector<Action>>& rows, int p,
+                                       std::optional<Placement> given) {
+  Placement placement = given.value_or(Placement::kLoop);
+  for (std::size_t r = 0; r < rows.size() && !given.has_value(); ++r) {
+    const auto past = std::find_if(rows[r].begin(), rows[r].end(),
+                                   [&](const Action& a) { return a.virtual_stage >= p; });
+    if (past == rows[r].end()) continue;
+    const int l = past->virtual_stage;
+    if (l % p != static_cast<int>(r) && RankOf(Placement::kV, p, l) == static_cast<int>(r)) {
+      placement = Placement::kV;
+    }
+    break;
+  }
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    for (const Action& action : rows[r]) {
+      const int l = action.virtual_stage;
+      const int rank = RankOf(placement, p, l);
+      if (rank == static_cast<int>(r)) continue;
+      if (placement == Placement::kLoop) {
+        return CellError(action.at, absl::StrCat("virtual stage ", l, " runs on rank ", rank,
+                                                 " under loop placement (stage % ", p,
+                                                 "), not on rank ", r));
+      }
+      if (rank < 0) {
+        return CellError(action.at, absl::StrCat("virtual stage ", l,
+                                                 " has no rank under v placement (", 2 * p,
+                                                 " virtual stages for ", p, " ranks)"));
+      }
+      return CellError(action.at,
+                       absl::StrCat("virtual stage ", l, " runs on rank ", rank,
+                                    " under v placement (stage for stage < ", p, ", ", 2 * p - 1,
+                                    " - stage otherwise), not on rank ", r));
+    }
+  }
+  return placement;
+}
+
 OpKind OpKindOf(ActionType type) {
   switch (type) {
     case ActionType::kForward: return OpKind::kForward;
@@ -238,17 +322,14 @@ int PeerVirtualStage(ActionType type, int l) {
 
 // Turns the actions of all rows into a Schedule; checks what needs m and v (known only now).
 absl::StatusOr<Schedule> BuildSchedule(const std::vector<std::vector<Action>>& rows,
-                                       int num_stages, Family family_hint, bool split) {
+                                       int num_stages, Placement placement, Family family_hint,
+                                       bool split) {
   const int p = num_stages;
   int max_mb = -1;
   int max_virtual_stage = 0;
   for (const std::vector<Action>& row : rows) {
     for (const Action& action : row) {
-      if (action.type == ActionType::kForward || action.type == ActionType::kBackwardInput ||
-          action.type == ActionType::kFullBackward ||
-          action.type == ActionType::kBackwardWeight) {
-        max_mb = std::max(max_mb, action.mb);
-      }
+      if (IsComputeAction(action.type)) max_mb = std::max(max_mb, action.mb);
       max_virtual_stage = std::max(max_virtual_stage, action.virtual_stage);
     }
   }
@@ -262,7 +343,14 @@ absl::StatusOr<Schedule> BuildSchedule(const std::vector<std::vector<Action>>& r
   schedule.spec.num_microbatches = max_mb + 1;
   schedule.spec.chunks_per_stage = max_virtual_stage / p + 1;
   schedule.spec.split_backward = split;
-  const int num_virtual_stages = schedule.spec.num_virtual_stages();
+  schedule.spec.placement = placement;
+  if (placement == Placement::kV && schedule.spec.chunks_per_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "v placement needs virtual stages up to 2p - 1 = ", 2 * p - 1,
+        " (two per rank); the CSV's highest is ", max_virtual_stage));
+  }
+  const VirtualStageMap map = schedule.spec.stage_map();
+  const int num_virtual_stages = map.num_virtual_stages();
 
   schedule.stages.resize(p);
   for (int d = 0; d < p; ++d) {
@@ -273,7 +361,7 @@ absl::StatusOr<Schedule> BuildSchedule(const std::vector<std::vector<Action>>& r
       Op op;
       op.kind = OpKindOf(action.type);
       op.mb = action.mb;
-      op.chunk = action.virtual_stage / p;
+      op.chunk = map.chunk_of(action.virtual_stage);
       if (IsP2P(op.kind)) {
         if (action.mb > max_mb) {
           return CellError(action.at, absl::StrCat("microbatch ", action.mb,
@@ -287,7 +375,7 @@ absl::StatusOr<Schedule> BuildSchedule(const std::vector<std::vector<Action>>& r
                                         " has no neighbour ", other, " to talk to (there are ",
                                         num_virtual_stages, " virtual stages)"));
         }
-        op.peer = other % p;
+        op.peer = map.stage_of(other);
         if (op.peer == d) {
           return CellError(action.at,
                            absl::StrCat("virtual stages ", action.virtual_stage, " and ", other,
@@ -296,6 +384,10 @@ absl::StatusOr<Schedule> BuildSchedule(const std::vector<std::vector<Action>>& r
         }
       }
       program.ops.push_back(op);
+      // A full backward in a split file: its W comes with it (DualPipeV writes both kinds).
+      if (split && action.type == ActionType::kFullBackward) {
+        program.ops.push_back(Op{OpKind::kBackwardWeight, op.mb, op.chunk, -1});
+      }
     }
   }
   return schedule;
@@ -304,7 +396,7 @@ absl::StatusOr<Schedule> BuildSchedule(const std::vector<std::vector<Action>>& r
 }  // namespace
 
 std::string ScheduleToPyTorchCsv(const Schedule& schedule, CsvFlavor flavor) {
-  const int p = schedule.spec.num_stages;
+  const VirtualStageMap map = schedule.spec.stage_map();
   std::string out;
   for (const StageProgram& program : schedule.stages) {
     bool first = true;
@@ -313,7 +405,7 @@ std::string ScheduleToPyTorchCsv(const Schedule& schedule, CsvFlavor flavor) {
       if (type.empty()) continue;
       if (!first) out.push_back(',');
       first = false;
-      absl::StrAppend(&out, op.chunk * p + program.stage, std::string(type), op.mb);
+      absl::StrAppend(&out, map.virtual_stage(program.stage, op.chunk), std::string(type), op.mb);
     }
     out.push_back('\n');
   }
@@ -326,13 +418,29 @@ absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, int num_stages,
     return absl::InvalidArgumentError(
         absl::StrCat("num_stages must be >= 1 to read a PyTorch CSV, got ", num_stages));
   }
+  return ParsePyTorchCsv(csv, CsvImportOptions{num_stages, std::nullopt, family_hint});
+}
+
+absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, const CsvImportOptions& options) {
+  if (options.num_stages < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_stages must be >= 1, or 0 for the CSV's row count, got ", options.num_stages));
+  }
   const std::vector<std::string_view> rows = SplitRows(csv);
+  // The file's ranks: its rows up to the last that is not blank (editors add blank lines).
+  std::size_t file_ranks = rows.size();
+  while (file_ranks > 0 && Trim(rows[file_ranks - 1]).empty()) --file_ranks;
+  if (options.num_stages == 0 && file_ranks == 0) {
+    return absl::InvalidArgumentError(
+        "the CSV has no rows, so the number of ranks (one row each) is unknown");
+  }
+  const int num_stages =
+      options.num_stages > 0 ? options.num_stages : static_cast<int>(file_ranks);
   // Sized by the rows the text holds, never by num_stages alone: a huge --stages must cost
   // nothing before the row count refutes it (below).
   std::vector<std::vector<Action>> actions(
       std::min(rows.size(), static_cast<std::size_t>(num_stages)));
-  std::optional<Position> first_full_backward;
-  std::optional<Position> first_split_backward;
+  bool split = false;
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const std::vector<std::string_view> cells = Split(rows[r], ',');
     for (std::size_t c = 0; c < cells.size(); ++c) {
@@ -344,31 +452,25 @@ absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, int num_stages,
                                           ") than the pipeline has ranks (num_stages = ",
                                           num_stages, ")"));
       }
-      absl::StatusOr<Action> action = ParseCell(cell);
-      if (!action.ok()) return Annotate(action.status(), Where(at));
-      if (IsSkipped(action->type)) continue;
-      if (action->virtual_stage % num_stages != static_cast<int>(r)) {
-        return CellError(at, absl::StrCat("virtual stage ", action->virtual_stage,
-                                          " runs on rank ", action->virtual_stage % num_stages,
-                                          " under loop placement (stage % ", num_stages,
-                                          "), not on rank ", r));
+      absl::StatusOr<std::vector<Action>> parsed = ParseCellActions(cell);
+      if (!parsed.ok()) return Annotate(parsed.status(), Where(at));
+      for (Action& action : *parsed) {
+        if (IsSkipped(action.type)) continue;
+        split = split || IsSplitBackward(action.type);
+        action.at = at;
+        actions[r].push_back(std::move(action));
       }
-      if (action->type == ActionType::kFullBackward && !first_full_backward) {
-        first_full_backward = at;
-      }
-      if (IsSplitBackward(action->type) && !first_split_backward) first_split_backward = at;
-      if (first_full_backward && first_split_backward) {
-        const Position& other =
-            action->type == ActionType::kFullBackward ? *first_split_backward
-                                                      : *first_full_backward;
-        return CellError(at, absl::StrCat("mixes full backward (B) with split backward (I/W), "
-                                          "first seen at ",
-                                          Where(other)));
-      }
-      action->at = std::move(at);
-      actions[r].push_back(*std::move(action));
     }
   }
+  // Before the row count: a cell on the wrong rank says more than "too few rows"; but when the
+  // given count is not the file's, that is the likelier cause, so the error says it too.
+  absl::StatusOr<Placement> placement = RowPlacement(actions, num_stages, options.placement);
+  if (!placement.ok() && file_ranks != static_cast<std::size_t>(num_stages)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        placement.status().message(), " (the CSV has ", file_ranks,
+        " rows but the pipeline has num_stages = ", num_stages, " ranks)"));
+  }
+  PO_RETURN_IF_ERROR(placement.status());
   if (rows.size() < static_cast<std::size_t>(num_stages)) {
     return absl::InvalidArgumentError(
         absl::StrCat("the CSV has ", rows.size(), " rows but the pipeline has num_stages = ",
@@ -384,7 +486,7 @@ absl::StatusOr<Schedule> ParsePyTorchCsv(std::string_view csv, int num_stages,
         num_stages, ", so rows 0..", num_stages - 1,
         "); pass the file's rank count, or drop the row"));
   }
-  return BuildSchedule(actions, num_stages, family_hint, first_split_backward.has_value());
+  return BuildSchedule(actions, num_stages, *placement, options.family_hint, split);
 }
 
 }  // namespace pipeoffload

@@ -24,7 +24,8 @@ endfunction()
 
 # Help lists every option.
 run(0 help --help)
-foreach(option stages microbatches chunks group-size split-backward policy family offload-fraction
+foreach(option stages microbatches chunks group-size split-backward policy family placement
+        offload-fraction
         offload-chunks memory-budget strict unit-costs offload-ratio cost-model format out)
   expect_contains("${help}" "--${option}" "--help")
 endforeach()
@@ -66,6 +67,20 @@ expect_contains("${checked}" "valid schedule" "validate")
 run(0 ignored --stages 4 --microbatches 8 --format pytorch-csv --out "${work}/1f1b.csv")
 run(0 imported import "${work}/1f1b.csv" --stages 4 --unit-costs)
 expect_contains("${imported}" "p=4 m=8" "import")
+# A V schedule (torch's ZBVZeroBubble) round trips with neither --stages nor --placement: both
+# come from the file; a given --stages must agree with its rows.
+run(0 ignored --policy zbv --stages 3 --microbatches 6 --format pytorch-csv
+    --out "${work}/zbv.csv")
+run(0 zbv_text import "${work}/zbv.csv" --unit-costs --format json)
+expect_contains("${zbv_text}" "\"stages\": 3" "import zbv")
+expect_contains("${zbv_text}" "\"placement\": \"v\"" "import zbv")
+run(0 ignored import "${work}/zbv.csv" --stages 3 --placement v --unit-costs)
+run(2 wrong_stages import "${work}/zbv.csv" --stages 4 --unit-costs)
+expect_contains("${wrong_stages}" "the CSV has 3 rows but the pipeline has num_stages = 4" "import")
+run(2 wrong_placement import "${work}/zbv.csv" --placement loop --unit-costs)
+expect_contains("${wrong_placement}" "under loop placement" "import --placement loop")
+run(2 contradiction --policy zbv --placement loop --stages 2 --microbatches 4)
+expect_contains("${contradiction}" "--placement loop contradicts --policy zbv" "compile")
 
 # A trace opens as JSON with trace events.
 run(0 ignored --stages 4 --microbatches 8 --chunks 2 --policy po-f --unit-costs --format trace
@@ -136,4 +151,19 @@ run(0 compare compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 
 foreach(policy "1f1b" "interleaved" "group-interleaved" "po-h" "po-f" "selective" "auto")
   expect_contains("${compare}" "${policy}" "compare")
 endforeach()
+# Recompute: the ops in the text form, the spec in the JSON, errors for what cannot mix.
+run(0 recompute --stages 2 --microbatches 4 --unit-costs --recompute full --format text)
+expect_contains("${recompute}" "recompute=full recompute-fraction=1" "--recompute full")
+expect_contains("${recompute}" "RECOMPUTE0.0 B0.0" "--recompute full")
+run(0 lean --stages 2 --microbatches 4 --unit-costs --recompute lean --recompute-chunks 1
+    --format json)
+expect_contains("${lean}" "\"recompute\": \"lean\"" "--recompute lean")
+expect_contains("${lean}" "\"op\": \"RECOMPUTE_LEAN\"" "--recompute lean")
+run(2 mixed --stages 2 --microbatches 4 --policy po-h --recompute full)
+expect_contains("${mixed}" "one choice per entry" "--recompute with --policy po-h")
+run(2 unused --stages 2 --microbatches 4 --recompute-fraction 0.5)
+expect_contains("${unused}" "--recompute-fraction is read only by --recompute lean or full"
+                "--recompute-fraction alone")
+run(2 bad --recompute some)
+expect_contains("${bad}" "--recompute" "--recompute some")
 message(STATUS "po-schedule CLI: all checks passed")

@@ -97,7 +97,8 @@ TEST_CASE("zbv p=4 m=8 is torch's ScheduleZBVZeroBubble op for op", "[vshape][fa
 // step 8 one queued W (W3.0). Stage 1 (the last): steps 1 and 3 empty, step 2 two F0 F1, step 4
 // two rounds whose first is F0 then a full B1 (not overlapped), step 6 two rounds switching to I
 // before the chunk-1 backward of round 1 (odd stage).
-TEST_CASE("dualpipev p=2 m=4 is torch's ScheduleDualPipeV with overlaps split", "[vshape][families]") {
+TEST_CASE("dualpipev p=2 m=4 is torch's ScheduleDualPipeV with overlaps split",
+          "[vshape][families]") {
   const std::vector<std::string> rows = Rows(Family::kDualPipeV, 2, 4);
   CHECK(rows[0] ==
         "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 F3.0 B1.1 W1.1 F2.1 B0.0 W0.0 B2.1 W2.1 F3.1 B1.0 "
@@ -107,7 +108,8 @@ TEST_CASE("dualpipev p=2 m=4 is torch's ScheduleDualPipeV with overlaps split", 
         "W2.1 B2.0 W2.0 B3.1 B3.0 W3.1 W3.0");
 }
 
-TEST_CASE("dualpipev p=4 m=8 is torch's ScheduleDualPipeV with overlaps split", "[vshape][families]") {
+TEST_CASE("dualpipev p=4 m=8 is torch's ScheduleDualPipeV with overlaps split",
+          "[vshape][families]") {
   const std::vector<std::string> rows = Rows(Family::kDualPipeV, 4, 8);
   CHECK(rows[0] ==
         "F0.0 F1.0 F2.0 F3.0 F4.0 F5.0 F6.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F2.1 B2.1 W2.1 F3.1 "
@@ -129,7 +131,8 @@ TEST_CASE("dualpipev p=4 m=8 is torch's ScheduleDualPipeV with overlaps split", 
 
 // The last stage hands virtual stage p - 1's output to virtual stage p itself: lowering puts no
 // SEND/RECV between them, and every other neighbour pair talks through exactly one pair.
-TEST_CASE("V lowering: no self SEND/RECV at the turn, one pair per crossing", "[vshape][families]") {
+TEST_CASE("V lowering: no self SEND/RECV at the turn, one pair per crossing",
+          "[vshape][families]") {
   for (Family family : {Family::kZbv, Family::kDualPipeV}) {
     for (int p : {1, 2, 3, 4}) {
       const PipelineSpec spec = MakeSpec(family, p, 2 * p, 2);
