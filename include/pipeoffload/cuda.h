@@ -79,8 +79,10 @@ struct NcclTransportOptions {
 //    and the ring neighbours (rank +- 1 mod size) exchange one small message at Create so their
 //    connections exist before the first real transfer;
 //  - buffers are device memory of this rank's GPU. A Send reads its buffer when the stream gets
-//    to it: the caller must have finished writing it (the executor host-waits its compute queue
-//    before posting a send), and a finished receive's data is ready for any stream;
+//    to it: the caller must have finished writing it, or called OrderAfter (transport.h) on the
+//    queue that writes it, which CanOrderAfter accepts for any queue of a CUDA backend on this
+//    GPU (the executor does so before every SEND and RECV instead of host-waiting its compute
+//    queue); a finished receive's data is ready for any stream;
 //  - messages to one peer are matched in posting order (NCCL has no tags): both ranks must post
 //    them in the same order, as a schedule that is deadlock-free under rendezvous semantics
 //    does. Each message carries a 32-byte header with its tag and size, which the receiver
