@@ -139,8 +139,8 @@ const std::vector<OptionDef>& Options() {
       {"microbatches", "M", "microbatches per iteration, m. Default 32.",
        SpecInt(&PipelineSpec::num_microbatches, "microbatches", 1)},
       {"chunks", "V",
-       "virtual chunks per stage, v (interleaved families; 1f1b needs 1). Default 1 for "
-       "1f1b, 2 for the others (compare uses 2 for every interleaved row).",
+       "virtual chunks per stage, v (interleaved families; 1f1b needs 1, zbv and dualpipev "
+       "2). Default 1 for 1f1b, 2 for the others (compare uses 2 for every interleaved row).",
        SpecInt(&PipelineSpec::chunks_per_stage, "chunks", 1)},
       {"group-size", "G",
        "group size g of group-interleaved, ceil(p/2) <= g <= p. Default ceil(p/2).",

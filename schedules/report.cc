@@ -119,6 +119,18 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
   rows.push_back(make("po-h (group-interleaved)", Family::kGroupInterleaved, OffloadPolicy::kHalf));
   rows.push_back(make("po-f (group-interleaved)", Family::kGroupInterleaved, OffloadPolicy::kFull));
   rows.push_back(make("po-f (1f1b)", Family::k1F1B, OffloadPolicy::kFull));
+  // torch's V schedules (v placement, two chunks per stage, split backward); DualPipeV only
+  // where it is defined (m >= 2p).
+  for (Family family : {Family::kZbv, Family::kDualPipeV}) {
+    if (family == Family::kDualPipeV && base.num_microbatches < 2 * base.num_stages) continue;
+    for (OffloadPolicy offload : {OffloadPolicy::kNone, OffloadPolicy::kHalf}) {
+      const std::string name(FamilyName(family));
+      ComparisonRow row = make(offload == OffloadPolicy::kNone ? name : "po-h (" + name + ")",
+                               family, offload);
+      row.spec.chunks_per_stage = 2;
+      rows.push_back(std::move(row));
+    }
+  }
   ComparisonRow selective =
       make("", Family::kGroupInterleaved, OffloadPolicy::kSelective);
   if (selective.spec.offload_chunks == 0 && selective.spec.offload_fraction == 0) {

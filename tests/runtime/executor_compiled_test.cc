@@ -64,6 +64,12 @@ absl::StatusOr<Schedule> CompileCase(const Case& c) {
   spec.offload = c.policy;
   spec.offload_fraction = 0.5;
   CostModel cost = UnitCostModel(/*offload_ratio_k=*/0.5);
+  // auto: room for three of the largest entries, fewer than every V stage holds without offload.
+  if (c.policy == OffloadPolicy::kAuto) {
+    spec.memory_budget_bytes =
+        3 * ToyStageModel(ToyConfig{4, c.chunks, 8, kWidth, kExtraWords}, 0)
+                .SavedBytes(c.chunks - 1, c.split);
+  }
   const ToyConfig config{4, c.chunks, 8, kWidth, kExtraWords};
   for (int chunk = 0; chunk < c.chunks; ++chunk) {
     const std::int64_t bytes = ToyStageModel(config, 0).SavedBytes(chunk, c.split);
@@ -81,8 +87,14 @@ std::vector<Case> AllCases() {
       cases.push_back(Case{Family::k1F1B, 1, policy, split});
       cases.push_back(Case{Family::kInterleaved, 2, policy, split});
       cases.push_back(Case{Family::kGroupInterleaved, 2, policy, split});
+      // V placement (always split): chunks 0 and 1 of stage 3 are virtual stages 3 and 4, so
+      // the executor hands F's output and B's input gradient over locally there.
+      if (split) cases.push_back(Case{Family::kZbv, 2, policy, split});
+      if (split) cases.push_back(Case{Family::kDualPipeV, 2, policy, split});
     }
   }
+  cases.push_back(Case{Family::kZbv, 2, OffloadPolicy::kAuto, true});
+  cases.push_back(Case{Family::kDualPipeV, 2, OffloadPolicy::kAuto, true});
   return cases;
 }
 
@@ -128,7 +140,7 @@ TEST_CASE("compiled schedules run bitwise equal to the reference with exact stas
         INFO("stage " << d << ": " << outcomes[d].status.ToString());
         REQUIRE(outcomes[d].status.ok());
       }
-      CHECK(GradsByVirtualStage(outcomes, 4, c.chunks) ==
+      CHECK(GradsByVirtualStage(outcomes, 4, c.chunks, schedule->spec.placement) ==
             ToyReference(ToyConfig{4, c.chunks, 8, kWidth, kExtraWords}));
       std::int64_t offloaded = 0;
       for (int d = 0; d < 4; ++d) {
@@ -236,8 +248,12 @@ std::vector<StageOutcome> RunPlanned(const Schedule& schedule,
     for (StageOutcome& outcome : outcomes) outcome.status = transports.status();
     return outcomes;
   }
-  const ToyConfig config{p, schedule.spec.chunks_per_stage, schedule.spec.num_microbatches,
-                         options.width, options.extra_words};
+  const ToyConfig config{p,
+                         schedule.spec.chunks_per_stage,
+                         schedule.spec.num_microbatches,
+                         options.width,
+                         options.extra_words,
+                         schedule.spec.placement};
   auto run_stage = [&](int d) -> absl::Status {
     StageOutcome& outcome = outcomes[static_cast<std::size_t>(d)];
     PO_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCpuBackend(options.backend));

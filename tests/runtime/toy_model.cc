@@ -210,8 +210,12 @@ std::vector<StageOutcome> RunToyStages(const Schedule& schedule,
   const PipelineSpec& spec = schedule.spec;
   const int p = spec.num_stages;
   std::vector<StageOutcome> outcomes(static_cast<std::size_t>(p));
-  const ToyConfig config{p, spec.chunks_per_stage, spec.num_microbatches, options.width,
-                         options.extra_words};
+  const ToyConfig config{p,
+                         spec.chunks_per_stage,
+                         spec.num_microbatches,
+                         options.width,
+                         options.extra_words,
+                         spec.placement};
   auto run_stage = [&](int d) {
     StageOutcome& outcome = outcomes[static_cast<std::size_t>(d)];
     Backend& backend = *backends[static_cast<std::size_t>(d)];
@@ -282,12 +286,14 @@ std::vector<StageOutcome> RunToyPipeline(const Schedule& schedule,
 }
 
 std::vector<ToyGrads> GradsByVirtualStage(const std::vector<StageOutcome>& outcomes,
-                                          int num_stages, int chunks_per_stage) {
+                                          int num_stages, int chunks_per_stage,
+                                          Placement placement) {
+  const VirtualStageMap map{placement, num_stages, chunks_per_stage};
   std::vector<ToyGrads> grads(static_cast<std::size_t>(num_stages * chunks_per_stage));
   for (int d = 0; d < num_stages; ++d) {
     const StageOutcome& outcome = outcomes[static_cast<std::size_t>(d)];
     for (int c = 0; c < chunks_per_stage && c < static_cast<int>(outcome.grads.size()); ++c) {
-      grads[static_cast<std::size_t>(c * num_stages + d)] =
+      grads[static_cast<std::size_t>(map.virtual_stage(d, c))] =
           outcome.grads[static_cast<std::size_t>(c)];
     }
   }

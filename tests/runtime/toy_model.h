@@ -33,6 +33,7 @@ struct ToyConfig {
   int width = 64;  // n, floats per boundary activation
   // Extra words saved per chunk: chunk c saves extra_words * (c + 1), so chunks differ in size.
   int extra_words = 0;
+  Placement placement = Placement::kLoop;  // which virtual stage (layers) a chunk computes
 };
 
 // Parameter gradients of one virtual stage.
@@ -59,7 +60,10 @@ class ToyStageModel final : public StageModel {
   const std::vector<float>& losses() const { return losses_; }
 
  private:
-  int VirtualStage(int chunk) const { return chunk * config_.num_stages + stage_; }
+  int VirtualStage(int chunk) const {
+    return VirtualStageMap{config_.placement, config_.num_stages, config_.chunks_per_stage}
+        .virtual_stage(stage_, chunk);
+  }
   std::int64_t Words(int chunk, bool split) const;
   absl::Status CheckStamp(int mb, int chunk, const float* saved, bool split) const;
 
@@ -118,7 +122,8 @@ std::vector<StageOutcome> RunToyStages(const Schedule& schedule,
 
 // Gradients of all virtual stages, indexed by virtual stage, from the stages' outcomes.
 std::vector<ToyGrads> GradsByVirtualStage(const std::vector<StageOutcome>& outcomes,
-                                          int num_stages, int chunks_per_stage);
+                                          int num_stages, int chunks_per_stage,
+                                          Placement placement = Placement::kLoop);
 
 }  // namespace pipeoffload::testing
 
