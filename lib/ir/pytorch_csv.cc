@@ -259,21 +259,38 @@ int RankOf(Placement placement, int p, int l) {
   return VirtualStageMap{placement, p, 2}.stage_of(l);
 }
 
-// The placement the rows follow: `given`, or inferred from the first action of a virtual stage
-// >= p (loop runs it on rank l % p, V on 2p - 1 - l; below p both agree); then every action is
-// checked against it. Errors name the cell and both rules.
+// The placement the rows follow: `given`, or the one every action fits (loop when both do: then
+// no virtual stage >= p tells them apart, e.g. v = 1); when neither does, the one the first
+// telling action (a virtual stage l >= p whose ranks differ: l % p vs 2p - 1 - l) fits, so that
+// the error names a cell that breaks it. Every action is then checked against it; errors name
+// the cell and the rule.
 absl::StatusOr<Placement> RowPlacement(const std::vector<std::vector<Action>>& rows, int p,
                                        std::optional<Placement> given) {
-  Placement placement = given.value_or(Placement::kLoop);
-  for (std::size_t r = 0; r < rows.size() && !given.has_value(); ++r) {
-    const auto past = std::find_if(rows[r].begin(), rows[r].end(),
-                                   [&](const Action& a) { return a.virtual_stage >= p; });
-    if (past == rows[r].end()) continue;
-    const int l = past->virtual_stage;
-    if (l % p != static_cast<int>(r) && RankOf(Placement::kV, p, l) == static_cast<int>(r)) {
-      placement = Placement::kV;
+  const auto fits = [&](Placement placement) {
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      for (const Action& action : rows[r]) {
+        if (RankOf(placement, p, action.virtual_stage) != static_cast<int>(r)) return false;
+      }
     }
-    break;
+    return true;
+  };
+  Placement placement = given.value_or(Placement::kLoop);
+  if (!given.has_value() && !fits(Placement::kLoop)) {
+    if (fits(Placement::kV)) {
+      placement = Placement::kV;
+    } else {
+      bool told = false;
+      for (std::size_t r = 0; r < rows.size() && !told; ++r) {
+        for (const Action& action : rows[r]) {
+          const int l = action.virtual_stage;
+          const int v_rank = RankOf(Placement::kV, p, l);
+          if (l < p || l % p == v_rank) continue;
+          placement = v_rank == static_cast<int>(r) ? Placement::kV : Placement::kLoop;
+          told = true;
+          break;
+        }
+      }
+    }
   }
   for (std::size_t r = 0; r < rows.size(); ++r) {
     for (const Action& action : rows[r]) {

@@ -117,6 +117,12 @@ TEST_CASE("PyTorch CSV infers the placement from where virtual stages >= p run",
   // Virtual stage 3 is chunk 1 of rank 0, 2 chunk 1 of rank 1.
   CHECK(as_v->stages[0].ops[1] == Op{OpKind::kForward, 0, 1, -1});
   CHECK(as_v->stages[1].ops[1] == Op{OpKind::kForward, 0, 1, -1});
+  // p = 3: virtual stage 4 runs on rank 1 under both placements; the file is V all the same,
+  // since 3 sits on rank 2 (loop would put it on rank 0).
+  absl::StatusOr<Schedule> told_late = ParsePyTorchCsv("0F0,5F0\n1F0,4F0\n2F0,3F0\n", {});
+  INFO(told_late.status().ToString());
+  REQUIRE(told_late.ok());
+  CHECK(told_late->spec.placement == Placement::kV);
   // A given placement is checked, not overridden.
   CHECK(Error(v, CsvImportOptions{0, Placement::kLoop}) ==
         "row 0, column 1, cell \"3F0\": virtual stage 3 runs on rank 1 under loop placement "

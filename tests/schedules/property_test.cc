@@ -28,6 +28,14 @@ std::vector<PipelineSpec> GeneratedSpecs() {
         spec.num_microbatches = m;
         spec.split_backward = split;
         specs.push_back(spec);  // 1f1b
+        // zbv and dualpipev: v = 2 in a V, always split (ResolveSpec sets it); DualPipeV m >= 2p.
+        for (Family family : {Family::kZbv, Family::kDualPipeV}) {
+          if (!split || (family == Family::kDualPipeV && m < 2 * p)) continue;
+          PipelineSpec v_shape = spec;
+          v_shape.family = family;
+          v_shape.chunks_per_stage = 2;
+          specs.push_back(v_shape);
+        }
         for (int v : {2, 3, 4}) {
           if (m % p == 0) {
             PipelineSpec interleaved = spec;
@@ -258,7 +266,7 @@ PeakInTime BruteForcePeak(const std::vector<TimedOp>& ops, const Schedule& sched
     });
     REQUIRE(it != open.end());
     held.push_back({it->second, t.op.kind == OpKind::kRelease ? t.start : t.end,
-                    cost.ActivationBytes(s, t.op.chunk, schedule.spec.num_stages)});
+                    cost.ActivationBytes(s, t.op.chunk, schedule.spec.stage_map())});
     open.erase(it);
   }
   REQUIRE(open.empty());
