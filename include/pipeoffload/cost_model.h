@@ -26,7 +26,8 @@ struct CostModel {
   std::vector<double> stage_time_scale;
 
   // Saved-activation bytes of one (mb, chunk) stash entry. activation_bytes_per_virtual_stage,
-  // when not empty, has p * v entries indexed by virtual stage c * p + d and overrides the
+  // when not empty, has p * v entries indexed by virtual stage (the spec's VirtualStageMap:
+  // c * p + d under loop placement, d or 2p - 1 - d under v) and overrides the
   // uniform value (the runtime measures it exactly; the last stage may save more).
   std::int64_t activation_bytes = 1 << 20;
   std::vector<std::int64_t> activation_bytes_per_virtual_stage;

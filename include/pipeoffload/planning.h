@@ -43,7 +43,8 @@
 namespace pipeoffload {
 
 // The exact sizes of a pipeline's models: StageModel::SavedBytes of chunk c on stage d at
-// saved_bytes[c * p + d] (p * v entries, each > 0), and StageModel::BoundaryBytes.
+// saved_bytes[spec.stage_map().virtual_stage(d, c)] (c * p + d under loop placement; p * v
+// entries, each > 0), and StageModel::BoundaryBytes.
 struct ModelSizes {
   std::vector<std::int64_t> saved_bytes;
   std::int64_t boundary_bytes = 0;
