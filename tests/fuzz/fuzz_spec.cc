@@ -48,7 +48,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   spec.num_stages = 1 + in.Byte() % 16;
   spec.num_microbatches = 1 + in.Byte() % 64;
   spec.chunks_per_stage = 1 + in.Byte() % 4;
-  spec.family = static_cast<Family>(in.Byte() % 3);
+  const std::uint8_t family = in.Byte();  // the high bit asks for v placement, any family
+  spec.family = static_cast<Family>(family % 5);
+  spec.placement = (family & 0x80) != 0 ? Placement::kV : Placement::kLoop;
   spec.offload = static_cast<OffloadPolicy>(in.Byte() % 5);
   spec.split_backward = (in.Byte() & 1) != 0;
   spec.group_size = in.Byte() % 18;  // 0 (the default) and out-of-range values too
