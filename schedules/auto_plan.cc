@@ -14,6 +14,14 @@
 // step is slower than the incumbent is skipped, and otherwise its pick is the smallest share
 // of the volume that fits: it moves the fewest bytes over PCIe, and where a smaller share fits
 // a larger one buys no speed.
+//
+// Recompute (issue 15): when spec.recompute is lean or full, an order that does not fit without
+// offload is also tried with recompute instead of offload: for each mode allowed (lean, and
+// full when spec.recompute is full) the smallest of kRecomputeFractions of each stage's
+// entries, longest-lived first, that fits. Those compete with the offload plans on step time
+// (recompute costs compute time; offload is free while the link keeps up). One choice per
+// plan, not per entry: an entry is kept, offloaded or recomputed, and a plan never mixes
+// offload with recompute.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -48,6 +56,9 @@ constexpr Share kShares[] = {{OffloadPolicy::kNone, 0.0, "none"},
                              {OffloadPolicy::kHalf, 0.5, "po-h"},
                              {OffloadPolicy::kSelective, 0.75, "selective 0.75"},
                              {OffloadPolicy::kFull, 1.0, "po-f"}};
+
+// Shares of each stage's entries a recompute candidate recomputes, in increasing order.
+constexpr double kRecomputeFractions[] = {0.25, 0.5, 0.75, 1.0};
 
 struct Order {
   Family family;
@@ -108,9 +119,13 @@ struct Search {
 
   // Compiles `order` with share kShares[index]; nullopt when it does not compile.
   std::optional<Schedule> Try(const Order& order, const CostModel& cost, int index,
-                              std::string* name) {
+                              std::string* name, Recompute recompute = Recompute::kNone,
+                              double recompute_fraction = 1.0) {
     const Share& share = kShares[index];
     PipelineSpec candidate = spec;
+    candidate.recompute = recompute;
+    candidate.recompute_fraction = recompute_fraction;
+    candidate.recompute_chunks = 0;
     candidate.family = order.family;
     candidate.chunks_per_stage = order.v;
     candidate.group_size = order.g;
@@ -122,6 +137,10 @@ struct Search {
     ++weighed;
     *name = absl::StrCat(OrderName(order, compiled.ok() ? compiled->spec.group_size : order.g),
                          ", offload ", share.name);
+    if (recompute != Recompute::kNone) {
+      absl::StrAppend(name, absl::StrFormat(", recompute %s %g", RecomputeName(recompute),
+                                            recompute_fraction));
+    }
     if (!compiled.ok()) {
       last_error = std::string(compiled.status().message());
       Log(absl::StrCat(*name, ": not applicable: ", last_error));
@@ -164,6 +183,32 @@ struct Search {
     }
     LogPlan(name, *plain);
     if (Fits(*plain)) return Consider(std::move(*plain), name);
+    TryOffloadShares(order, cost);
+    TryRecompute(order, cost);
+  }
+
+  // For each recompute mode spec.recompute allows, the smallest fraction that fits.
+  void TryRecompute(const Order& order, const CostModel& cost) {
+    std::vector<Recompute> modes;
+    if (spec.recompute != Recompute::kNone) modes.push_back(Recompute::kLean);
+    if (spec.recompute == Recompute::kFull) modes.push_back(Recompute::kFull);
+    for (const Recompute mode : modes) {
+      for (const double fraction : kRecomputeFractions) {
+        std::string name;
+        std::optional<Schedule> candidate = Try(order, cost, 0, &name, mode, fraction);
+        if (!candidate) break;
+        LogPlan(name, *candidate);
+        if (Fits(*candidate)) {
+          Consider(*std::move(candidate), name);
+          break;
+        }
+      }
+    }
+  }
+
+  // The offload share bisection of TryOrder, for an order whose plain plan does not fit.
+  void TryOffloadShares(const Order& order, const CostModel& cost) {
+    std::string name;
     int low = 1, high = static_cast<int>(std::size(kShares)) - 1;  // high: the fitting candidate
     std::optional<Schedule> fitting = Try(order, cost, high, &name);
     if (!fitting) return;
@@ -217,6 +262,12 @@ CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v) {
   // refuses the model.
   scaled.activation_bytes =
       SaturatedInt64(std::round(static_cast<double>(cost.activation_bytes) * factor));
+  // Recompute times given explicitly scale with the chunk; derived ones follow forward_time.
+  // The lean layout scales with the layers; the full one is the chunk's input, which stays.
+  if (scaled.recompute_full_time >= 0) scaled.recompute_full_time *= factor;
+  if (scaled.recompute_lean_time >= 0) scaled.recompute_lean_time *= factor;
+  scaled.retained_lean_bytes =
+      SaturatedInt64(std::round(static_cast<double>(cost.retained_lean_bytes) * factor));
   return scaled;
 }
 

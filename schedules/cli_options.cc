@@ -217,6 +217,28 @@ const std::vector<OptionDef>& Options() {
          p.options.spec.memory_budget_bytes = static_cast<std::int64_t>(base * scale);
          return absl::OkStatus();
        }},
+      {"recompute", "MODE",
+       "none | lean | full: recompute entries before their B instead of keeping them (lean: the "
+       "cheap parts, F keeps the lean layout; full: F keeps the chunk's input). With --policy "
+       "auto: the most the planner may use per entry. Default none.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         const std::optional<Recompute> mode = RecomputeFromName(value);
+         if (!mode) return BadValue("recompute", "none, lean or full", value);
+         p.options.spec.recompute = *mode;
+         return absl::OkStatus();
+       }},
+      {"recompute-fraction", "X",
+       "recompute: share of each stage's entries, longest-lived first, in (0, 1]. Default 1.",
+       [](Parsing& p, std::string_view value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const double x, ParseDouble("recompute-fraction", value, true));
+         if (!(x > 0 && x <= 1)) {
+           return BadValue("recompute-fraction", "a number in (0, 1]", value);
+         }
+         p.options.spec.recompute_fraction = x;
+         return absl::OkStatus();
+       }},
+      {"recompute-chunks", "N", "recompute: every entry of chunks 0..N-1 instead of a fraction.",
+       SpecInt(&PipelineSpec::recompute_chunks, "recompute-chunks", 1)},
       {"strict", "", "fail when bandwidth cannot carry the requested offload (default: plan "
                      "as much as fits and warn).",
        [](Parsing& p, std::string_view) {
@@ -362,6 +384,12 @@ absl::Status CheckEveryOptionUsed(const Parsing& p) {
                                 std::string_view("offload-chunks")}) {
     if (given(name) && compiles && offload != OffloadPolicy::kSelective) {
       return unused(name, "--policy selective (and compare's selective row)");
+    }
+  }
+  for (std::string_view name : {std::string_view("recompute-fraction"),
+                                std::string_view("recompute-chunks")}) {
+    if (given(name) && p.options.spec.recompute == Recompute::kNone) {
+      return unused(name, "--recompute lean or full");
     }
   }
   if (given("memory-budget") && compiles && offload != OffloadPolicy::kAuto) {

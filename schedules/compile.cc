@@ -17,7 +17,28 @@
 
 namespace pipeoffload {
 
+namespace {
+
+// Every entry `choice` recomputes has its mode offered by the cost model (the runtime refuses
+// what the model does not offer; the cost model is where the planner learns it).
+absl::Status CheckRecomputeOffered(const Schedule& lowered, const RecomputeChoice& choice,
+                                   const CostModel& cost) {
+  for (const auto& [key, mode] : choice) {
+    const auto& [stage, mb, chunk] = key;
+    if (!cost.RecomputeOffered(stage, chunk, lowered.spec.stage_map(), mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recompute ", RecomputeName(mode), ": the cost model offers it for no entry of chunk ",
+          chunk, " on stage ", stage, " (retained_", RecomputeName(mode),
+          "_bytes is 0 there); give the retained bytes or choose another mode"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost) {
+  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
   if (spec.offload == OffloadPolicy::kAuto) {
     return internal::PlanAuto(spec, cost, /*alternatives=*/nullptr);
   }
@@ -26,6 +47,11 @@ absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost
   PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
   PO_ASSIGN_OR_RETURN(const Schedule order, BuildComputeOrder(resolved, cost));
   PO_ASSIGN_OR_RETURN(Schedule lowered, LowerCommunication(order));
+  if (resolved.recompute != Recompute::kNone) {  // CheckRecomputeSpec: offload is none here
+    const RecomputeChoice choice = ChooseRecompute(lowered);
+    PO_RETURN_IF_ERROR(CheckRecomputeOffered(lowered, choice, cost));
+    PO_ASSIGN_OR_RETURN(lowered, AddRecompute(lowered, choice));
+  }
 
   if (resolved.offload == OffloadPolicy::kNone) {
     // A schedule we emit that fails validation is our bug, not the user's: say so.

@@ -36,7 +36,9 @@ namespace pipeoffload::internal {
                                                 std::vector<std::string>* alternatives);
 
 // `cost` (for chunks of a stage cut `from_v` ways) re-cut into `to_v` chunks per stage: compute
-// times and activation bytes scale by from_v / to_v; P2P message sizes and bandwidths stay.
+// times and activation bytes scale by from_v / to_v, and so do recompute times given
+// explicitly and the lean retained bytes; P2P message sizes, the full retained bytes (the
+// chunk's input) and bandwidths stay.
 // Returns `cost` unchanged when from_v == to_v, and whenever it holds per-virtual-stage bytes
 // (which only describe their own v; PlanAuto tries no other v then).
 CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v);

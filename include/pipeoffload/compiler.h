@@ -4,11 +4,14 @@
 //   BuildComputeOrder  - the family's compute order (F/B/W only), per stage
 //   LowerCommunication - SEND_*/RECV_* pairs in a deadlock-free, sender-driven order
 //   PlanOffload        - OFFLOAD/RELEASE/RELOAD/BARRIER placement for the spec's policy
+//   AddRecompute       - RECOMPUTE/RECOMPUTE_LEAN before B of the entries spec.recompute picks
 //   Compile            - all of the above, then Validate and Simulate
 #ifndef PIPEOFFLOAD_COMPILER_H_
 #define PIPEOFFLOAD_COMPILER_H_
 
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +42,18 @@ namespace pipeoffload {
 // bandwidth: it plans as much as fits and records a warning with the numbers in the result's
 // predictions, unless spec.strict, when that shortfall is FailedPrecondition.
 [[nodiscard]] absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered, const CostModel& cost);
+
+// Recomputation (issue 15). A choice per (stage, mb, chunk) entry; absent or kNone: kept.
+using RecomputeChoice = std::map<std::tuple<int, int, int>, Recompute>;
+// Errors: InvalidArgument for recompute_fraction outside (0, 1], recompute_chunks outside
+// [0, v], or recompute with an offload policy other than none and auto (one choice per entry).
+[[nodiscard]] absl::Status CheckRecomputeSpec(const PipelineSpec& spec);
+// The entries spec.recompute picks in a lowered schedule (semantics: PipelineSpec).
+RecomputeChoice ChooseRecompute(const Schedule& lowered);
+// Inserts RECOMPUTE (kFull) or RECOMPUTE_LEAN (kLean) right before B of each chosen entry.
+// Errors: FailedPrecondition when `lowered` already has recompute ops.
+[[nodiscard]] absl::StatusOr<Schedule> AddRecompute(const Schedule& lowered,
+                                                    const RecomputeChoice& choice);
 
 // Full pipeline of passes. The result passes Validate and carries predictions.
 [[nodiscard]] absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost);

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeoffload/schedule.h"
+#include "pipeoffload/stage_model.h"
 
 namespace pipeoffload {
 
@@ -58,6 +59,23 @@ struct CostModel {
   // duration (reference planner: one B duration).
   double reload_margin_in_backward_times = 1.0;
 
+  // Recomputation (issue 15), per chunk. A recomputed entry holds only a retained block from its
+  // F to its RECOMPUTE op, which rebuilds the full entry on the compute stream right before B.
+  // Durations of RECOMPUTE (full: the chunk's forward once more) and RECOMPUTE_LEAN (the cheap
+  // parts, e.g. LayerNorm and GELU); any negative value (the default) derives them:
+  // forward_time, and kLeanRecomputeShare * forward_time. Both scale with stage_time_scale.
+  double recompute_full_time = -1.0;
+  double recompute_lean_time = -1.0;
+  // Retained bytes of one entry; 0 means the mode is not offered (the planner never picks it,
+  // as the runtime refuses it). Full: negative (the default) = boundary_bytes (F keeps the
+  // chunk's input). Lean: 0 by default. The *_per_virtual_stage vectors, when not empty,
+  // override per virtual stage as activation_bytes_per_virtual_stage does (a negative element
+  // of the full one derives too).
+  std::int64_t retained_full_bytes = -1;
+  std::int64_t retained_lean_bytes = 0;
+  std::vector<std::int64_t> retained_full_bytes_per_virtual_stage;
+  std::vector<std::int64_t> retained_lean_bytes_per_virtual_stage;
+
   // Bytes of entry (mb, chunk) on `stage`: activation_bytes_per_virtual_stage is indexed by the
   // virtual stage `map` places that chunk at.
   std::int64_t ActivationBytes(int stage, int chunk, const VirtualStageMap& map) const;
@@ -67,10 +85,24 @@ struct CostModel {
   double ForwardTime(int stage) const;
   double BackwardTime(int stage, bool split_backward) const;  // includes W when not split
   double WeightTime(int stage) const;
+  // Duration of a RECOMPUTE (kFull) or RECOMPUTE_LEAN (kLean) op on `stage`; 0 for kNone.
+  double RecomputeTime(int stage, Recompute mode) const;
+  // Bytes F keeps of entry (stage, chunk) recomputed with `mode`: ActivationBytes for kNone;
+  // 0 when `mode` is not offered there.
+  std::int64_t RetainedBytes(int stage, int chunk, const VirtualStageMap& map,
+                             Recompute mode) const;
+  // Whether the planner may choose `mode` for (stage, chunk): kNone always, the others when
+  // their retained bytes are > 0.
+  bool RecomputeOffered(int stage, int chunk, const VirtualStageMap& map, Recompute mode) const;
 };
+
+// A lean recompute's share of forward_time when recompute_lean_time is not given.
+inline constexpr double kLeanRecomputeShare = 0.25;
 
 // F = B = W = 1, transfers free of charge except offload, which takes k * 3 per entry one way
 // (the reference planner's k: transfer time of one chunk's activation over its F + B + W time).
+// Recompute: full takes 1 (one F) and keeps 1/16 of the entry (the chunk's input); lean takes
+// 0.25 and keeps 1/2 of it.
 CostModel UnitCostModel(double offload_ratio_k);
 
 // The shape of a GPT layer stack, for estimating a cost model when no measured one exists.
@@ -83,12 +115,17 @@ struct GptShape {
   double pcie_duplex_bandwidth = 44.6e9;  // each direction while both run
   double p2p_bandwidth = 300e9;      // NVLink between neighbouring GPUs
   double p2p_latency = 10e-6;
+  double memory_bandwidth = 4.0e12;  // achieved HBM bytes/s (H200: 4.8 TB/s peak)
 };
 
 // Seconds and bytes for one chunk of `shape`: F = 24h^2 s + 4 s^2 h FLOP per layer (B and W the
 // same each, so F+B+W = 72 h^2 s + 12 s^2 h as in reference/hardware.md section 4), 34 h s bytes
 // of saved activations per layer (bf16, no recompute; DESIGN.md section 6), 2 h s bytes per P2P
-// message.
+// message. Recompute: full = one forward, keeping the chunk's input (2 h s bytes); lean =
+// the two LayerNorm outputs (2 x 2 h s) and the GELU output (8 h s) recomputed, so it keeps
+// 22 h s bytes per layer and takes the time those memory-bound kernels move 24 h s bytes per
+// layer (read and write) at memory_bandwidth.
+
 CostModel EstimateGptCostModel(const GptShape& shape);
 
 // Cost model JSON: an object with any subset of CostModel's field names (unknown keys and wrong

@@ -279,6 +279,21 @@ class ActivationStash {
   // B (unsplit) / W: ON_DEVICE -> gone; the device block returns to the arena.
   [[nodiscard]] absl::Status Free(int mb, int chunk);
 
+  // RECOMPUTE / RECOMPUTE_LEAN, in two steps around the model's RecomputeSaved. Regrow: the
+  // entry (ON_DEVICE, holding the retained block F wrote) gets a new device block of `bytes`
+  // (the full entry; zero-filled while poisoning is on, as Create), counted at once, so for the
+  // call's duration the logical bytes hold both blocks, as the compiler models it. Returns the
+  // retained block and the new one. DropRetained: frees the retained block (the logical bytes
+  // shrink by its size); the entry goes on with the new block as its device copy.
+  // Errors: FailedPrecondition for an entry that is not ON_DEVICE or already regrown (or not
+  // regrown, for DropRetained); the arena's errors as Create.
+  struct Regrown {
+    const void* retained = nullptr;
+    void* full = nullptr;
+  };
+  [[nodiscard]] absl::StatusOr<Regrown> Regrow(int mb, int chunk, std::int64_t bytes);
+  [[nodiscard]] absl::Status DropRetained(int mb, int chunk);
+
   // OK when no entry remains; else FailedPrecondition listing each entry and its state.
   // Pending released blocks are not entries (reclaim them with ReclaimReleased(kAll)).
   [[nodiscard]] absl::Status CheckEmpty() const;
@@ -319,6 +334,9 @@ class ActivationStash {
     bool release_pending = false;  // its released block is on pending_ (owns offload_done)
     std::optional<Event> offload_ready, offload_begin, offload_done;
     std::optional<Event> reload_ready, reload_begin, reload_done;
+    // Between Regrow and DropRetained: the block F wrote, still counted in device_bytes_.
+    void* retained = nullptr;
+    std::int64_t retained_bytes = 0;
   };
   using Key = std::pair<int, int>;  // (mb, chunk)
   // A released device block waiting for its entry's D2H copy (the entry's offload_done).

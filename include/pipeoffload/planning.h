@@ -48,11 +48,16 @@ namespace pipeoffload {
 struct ModelSizes {
   std::vector<std::int64_t> saved_bytes;
   std::int64_t boundary_bytes = 0;
+  // StageModel::RetainedBytes(c, kFull / kLean) at [c * p + d] like saved_bytes (-1: not
+  // offered); empty: unknown (WithModelSizes keeps the cost model's retained bytes).
+  std::vector<std::int64_t> retained_full_bytes;
+  std::vector<std::int64_t> retained_lean_bytes;
 };
 
 // `base` with the bytes of `sizes` (activation_bytes_per_virtual_stage, activation_bytes = the
-// largest entry, boundary_bytes), so the compiler's predicted stash peaks are exactly what the
-// runtime measures. REQUIRES: sizes.saved_bytes not empty.
+// largest entry, boundary_bytes, and the retained bytes of recomputed entries when sizes has
+// them), so the compiler's predicted stash peaks are exactly what the runtime measures.
+// REQUIRES: sizes.saved_bytes not empty.
 CostModel WithModelSizes(CostModel base, const ModelSizes& sizes);
 
 // Times when none are known: a chunk's F, B and W each take `chunk_time` (any unit; e.g.

@@ -84,6 +84,8 @@ struct IterationStats {
   // Of wait_seconds: host time waiting for D2H copies of released stash blocks (an allocation
   // under pressure, the end of the iteration, or RELEASE itself with wait_for_copy_at_release).
   double release_wait_seconds = 0.0;
+  // Of compute_seconds: the RECOMPUTE / RECOMPUTE_LEAN ops (StageModel::RecomputeSaved).
+  double recompute_seconds = 0.0;
   // SEND and RECV posts that had to be ordered after the compute queue (every SEND, and every
   // RECV on a backend whose memory the host cannot touch): on the device by the transport
   // (Transport::OrderAfter, no host wait), or by host-waiting the compute queue when the

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeoffload/stage_model.h"  // Recompute
+
 namespace pipeoffload {
 
 // What one instruction does. Each kind prints as its IR name (OpKindName), e.g. kForward -> "F".
@@ -142,6 +144,15 @@ struct PipelineSpec {
   int chunks_per_stage = 1;  // v
   int group_size = 0;        // g
   bool split_backward = false;  // emit separate W ops (zero-bubble style)
+
+  // Recomputation (issue 15): kLean / kFull put RECOMPUTE_LEAN / RECOMPUTE before B of the
+  // chosen entries, whose F keeps only a retained block. recompute_chunks > 0 chooses every
+  // entry of chunks [0, recompute_chunks); else recompute_fraction of each stage's entries,
+  // longest-lived first. With offload kAuto, `recompute` is instead the most the planner may
+  // use per entry (kLean: keep, offload or lean; kFull: any of the four).
+  Recompute recompute = Recompute::kNone;
+  double recompute_fraction = 1.0;  // in (0, 1]
+  int recompute_chunks = 0;         // in [0, v]; 0 = use the fraction
 
   OffloadPolicy offload = OffloadPolicy::kNone;
   double offload_fraction = 0.0;  // selective: share of the activation volume, in [0, 1]

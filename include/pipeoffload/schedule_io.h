@@ -29,7 +29,9 @@ std::string ScheduleToText(const Schedule& schedule);
 // torch.distributed.pipelining CSV, current dialect (B = full backward, I = input grad,
 // W = weight grad), one row per rank, no header, actions "<virtual stage><TYPE><mb>" with the
 // virtual stage of the spec's placement (VirtualStageMap: chunk * p + rank for loop, rank or
-// 2p - 1 - rank for v). Offload ops and BARRIERs are stripped. With split backward our B
+// 2p - 1 - rank for v). Offload ops and BARRIERs are stripped, and so are RECOMPUTE and
+// RECOMPUTE_LEAN (torch has no such action: there the chunk's module recomputes itself, e.g.
+// under torch.utils.checkpoint, which the CSV cannot say). With split backward our B
 // becomes I. kComputeOnly writes F/I/B/W only; kComputeComms also the SEND/RECV actions.
 enum class CsvFlavor { kComputeOnly, kComputeComms };
 std::string ScheduleToPyTorchCsv(const Schedule& schedule, CsvFlavor flavor);

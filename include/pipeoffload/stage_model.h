@@ -28,6 +28,8 @@
 #define PIPEOFFLOAD_STAGE_MODEL_H_
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,13 @@ inline const char* RecomputeName(Recompute mode) {
     case Recompute::kFull: return "full";
   }
   return "?";
+}
+// Inverse of RecomputeName; nullopt for any other string.
+inline std::optional<Recompute> RecomputeFromName(std::string_view name) {
+  for (const Recompute mode : {Recompute::kNone, Recompute::kLean, Recompute::kFull}) {
+    if (name == RecomputeName(mode)) return mode;
+  }
+  return std::nullopt;
 }
 
 class StageModel {

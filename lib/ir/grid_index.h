@@ -31,6 +31,7 @@ enum Invariant : int {
   kMatching = 5,
   kDeadlock = 6,
   kOffloadLifeCycle = 7,
+  kRecomputeLifeCycle = 8,
 };
 
 inline std::string_view InvariantName(int invariant) {
@@ -49,6 +50,8 @@ inline std::string_view InvariantName(int invariant) {
       return "deadlock";
     case kOffloadLifeCycle:
       return "offload life cycle";
+    case kRecomputeLifeCycle:
+      return "recompute life cycle";
     default:
       return "?";
   }

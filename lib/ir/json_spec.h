@@ -11,8 +11,9 @@ namespace pipeoffload::internal {
 
 // {"family": "1f1b", "stages": p, "microbatches": m, "chunks": v, "group_size": g,
 //  "split_backward": b, "placement": "v", "offload": "none", "offload_fraction": f,
-//  "offload_chunks": c, "memory_budget_bytes": n, "strict": b}, in that order; "placement" only
-//  when it is not "loop", the default.
+//  "offload_chunks": c, "memory_budget_bytes": n, "strict": b, "recompute": "lean",
+//  "recompute_fraction": f, "recompute_chunks": c}, in that order; "placement" only when it is
+//  not "loop", the default, and the recompute keys only when recompute is not "none".
 OrderedJson SpecToJson(const PipelineSpec& spec);
 
 }  // namespace pipeoffload::internal

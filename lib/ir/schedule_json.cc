@@ -36,6 +36,12 @@ OrderedJson SpecToJson(const PipelineSpec& spec) {
   out["offload_chunks"] = spec.offload_chunks;
   out["memory_budget_bytes"] = spec.memory_budget_bytes;
   out["strict"] = spec.strict;
+  // Also only when asked for: files without recompute stay byte-identical.
+  if (spec.recompute != Recompute::kNone) {
+    out["recompute"] = std::string(RecomputeName(spec.recompute));
+    out["recompute_fraction"] = DoubleToJson(spec.recompute_fraction);
+    out["recompute_chunks"] = spec.recompute_chunks;
+  }
   return out;
 }
 
@@ -142,11 +148,32 @@ void AppendPredictions(const Predictions& predictions, std::string* out) {
 // ---------------------------------------------------------------------------------------------
 // Reader.
 
+// The optional member `key` of `value`, the name of an Enum value (name_of's inverse is
+// from_name), into *out; left alone when absent.
+template <typename Enum, typename NameFn, typename FromNameFn>
+absl::Status ReadOptionalName(const Json& value, std::string_view path, std::string_view key,
+                              std::string_view what, NameFn name_of, FromNameFn from_name,
+                              Enum* out) {
+  const Json* member = FindMember(value, key);
+  if (member == nullptr) return absl::OkStatus();
+  std::string name;
+  PO_RETURN_IF_ERROR(ReadValue(*member, JoinPath(path, key), &name));
+  const std::optional<Enum> parsed = from_name(name);
+  if (!parsed.has_value()) {
+    return FieldError(JoinPath(path, key),
+                      absl::StrCat("unknown ", std::string(what), " \"", Echo(name),
+                                   "\"; expected one of ", AllNames<Enum>(name_of)));
+  }
+  *out = *parsed;
+  return absl::OkStatus();
+}
+
 absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* spec) {
   PO_RETURN_IF_ERROR(CheckObjectKeys(
       value, path,
       {"family", "stages", "microbatches", "chunks", "group_size", "split_backward", "placement",
-       "offload", "offload_fraction", "offload_chunks", "memory_budget_bytes", "strict"}));
+       "offload", "offload_fraction", "offload_chunks", "memory_budget_bytes", "strict",
+       "recompute", "recompute_fraction", "recompute_chunks"}));
   std::string family;
   PO_RETURN_IF_ERROR(ReadMember(value, path, "family", &family));
   const std::optional<Family> parsed_family = FamilyFromName(family);
@@ -164,29 +191,16 @@ absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* sp
   PO_RETURN_IF_ERROR(ReadMember(value, path, "group_size", &spec->group_size, kOptional));
   PO_RETURN_IF_ERROR(
       ReadMember(value, path, "split_backward", &spec->split_backward, kOptional));
-  if (const Json* placement = FindMember(value, "placement"); placement != nullptr) {
-    std::string name;
-    PO_RETURN_IF_ERROR(ReadValue(*placement, JoinPath(path, "placement"), &name));
-    const std::optional<Placement> parsed = PlacementFromName(name);
-    if (!parsed.has_value()) {
-      return FieldError(JoinPath(path, "placement"),
-                        absl::StrCat("unknown placement \"", Echo(name), "\"; expected one of ",
-                                     AllNames<Placement>(PlacementName)));
-    }
-    spec->placement = *parsed;
-  }
-  if (const Json* offload = FindMember(value, "offload"); offload != nullptr) {
-    std::string policy;
-    PO_RETURN_IF_ERROR(ReadValue(*offload, JoinPath(path, "offload"), &policy));
-    const std::optional<OffloadPolicy> parsed_policy = OffloadPolicyFromName(policy);
-    if (!parsed_policy.has_value()) {
-      return FieldError(JoinPath(path, "offload"),
-                        absl::StrCat("unknown offload policy \"", Echo(policy),
-                                     "\"; expected one of ",
-                                     AllNames<OffloadPolicy>(OffloadPolicyName)));
-    }
-    spec->offload = *parsed_policy;
-  }
+  PO_RETURN_IF_ERROR(ReadOptionalName(value, path, "placement", "placement", PlacementName,
+                                      PlacementFromName, &spec->placement));
+  PO_RETURN_IF_ERROR(ReadOptionalName(value, path, "offload", "offload policy",
+                                      OffloadPolicyName, OffloadPolicyFromName, &spec->offload));
+  PO_RETURN_IF_ERROR(ReadOptionalName(value, path, "recompute", "recompute mode", RecomputeName,
+                                      RecomputeFromName, &spec->recompute));
+  PO_RETURN_IF_ERROR(
+      ReadMember(value, path, "recompute_fraction", &spec->recompute_fraction, kOptional));
+  PO_RETURN_IF_ERROR(
+      ReadMember(value, path, "recompute_chunks", &spec->recompute_chunks, kOptional));
   PO_RETURN_IF_ERROR(
       ReadMember(value, path, "offload_fraction", &spec->offload_fraction, kOptional));
   PO_RETURN_IF_ERROR(
@@ -206,6 +220,11 @@ absl::Status ReadSpec(const Json& value, std::string_view path, PipelineSpec* sp
   PO_RETURN_IF_ERROR(at_least("group_size", spec->group_size, 0));
   PO_RETURN_IF_ERROR(at_least("offload_chunks", spec->offload_chunks, 0));
   PO_RETURN_IF_ERROR(at_least("memory_budget_bytes", spec->memory_budget_bytes, 0));
+  PO_RETURN_IF_ERROR(at_least("recompute_chunks", spec->recompute_chunks, 0));
+  if (!(spec->recompute_fraction > 0.0 && spec->recompute_fraction <= 1.0)) {
+    return FieldError(JoinPath(path, "recompute_fraction"),
+                      absl::StrCat("must be in (0, 1], got ", spec->recompute_fraction));
+  }
   // Written as a negated range test so that NaN fails too.
   if (!(spec->offload_fraction >= 0.0 && spec->offload_fraction <= 1.0)) {
     return FieldError(JoinPath(path, "offload_fraction"),

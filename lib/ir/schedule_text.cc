@@ -18,6 +18,13 @@ std::string SpecLine(const PipelineSpec& spec) {
       "%s p=%d m=%d v=%d g=%d", std::string(FamilyName(spec.family)), spec.num_stages,
       spec.num_microbatches, spec.chunks_per_stage, spec.group_size);
   if (spec.split_backward) line.append(" split-backward");
+  if (spec.recompute != Recompute::kNone) {  // absent otherwise: older lines stay the same
+    absl::StrAppend(&line, " recompute=", RecomputeName(spec.recompute));
+    absl::StrAppend(&line, spec.recompute_chunks > 0
+                               ? absl::StrCat(" recompute-chunks=", spec.recompute_chunks)
+                               : absl::StrFormat(" recompute-fraction=%g",
+                                                 spec.recompute_fraction));
+  }
   absl::StrAppend(&line, " offload=", std::string(OffloadPolicyName(spec.offload)));
   if (spec.offload == OffloadPolicy::kSelective) {
     absl::StrAppend(&line, absl::StrFormat(" fraction=%g chunks=%d", spec.offload_fraction,

@@ -4,7 +4,7 @@
 // The checks run as passes in this order, each over stages 0..p-1 and each stage's ops in
 // program order; the first pass that finds anything reports its first finding:
 //   shape (1) -> matching (5) -> completeness (2) -> local order (3) -> dataflow (4)
-//   -> offload life cycle (7) -> deadlock (6).
+//   -> offload life cycle (7) -> recompute life cycle (8) -> deadlock (6).
 // Matching runs before completeness and dataflow so that a lone SEND or RECV is reported as the
 // unmatched message it is rather than as the missing input of the F it feeds; deadlock runs last
 // because its rendezvous simulation needs every partner to exist.
@@ -52,6 +52,7 @@ class Validator {
     if (auto found = LocalOrder()) return found;
     if (auto found = Dataflow()) return found;
     if (auto found = OffloadLifeCycle()) return found;
+    if (auto found = RecomputeLifeCycle()) return found;
     return Deadlock();
   }
 
@@ -266,6 +267,47 @@ class Validator {
           }
         }
         if (!problem.empty()) return ViolationAt(internal::kOffloadLifeCycle, d, index, problem);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Invariant 8: a RECOMPUTE* sits between its entry's F and B, once per entry and of one kind,
+  // and its entry is never offloaded: F kept only the retained block, which the recompute turns
+  // into the full entry, so a copy to the host would move the wrong bytes.
+  std::optional<GridViolation> RecomputeLifeCycle() const {
+    for (int d = 0; d < p_; ++d) {
+      const std::vector<Op>& ops = Ops(d);
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const Op& op = ops[i];
+        if (!IsRecompute(op.kind)) continue;
+        const int index = static_cast<int>(i);
+        const OpKind other =
+            op.kind == OpKind::kRecompute ? OpKind::kRecomputeLean : OpKind::kRecompute;
+        const int f = Pos(d, OpKind::kForward, op.mb, op.chunk);
+        const int b = Pos(d, OpKind::kBackward, op.mb, op.chunk);
+        std::string problem;
+        if (const int twin = Pos(d, other, op.mb, op.chunk); twin >= 0) {
+          problem = "two recompute choices for one entry: " + Named(other, op.mb, op.chunk) +
+                    " is at op " + std::to_string(twin) +
+                    " (RECOMPUTE or RECOMPUTE_LEAN, not both)";
+        } else if (f > index) {
+          problem = std::string(OpKindName(op.kind)) + " before F: its F runs later, at op " +
+                    std::to_string(f);
+        } else if (b < index) {
+          problem = std::string(OpKindName(op.kind)) + " after B: its B ran at op " +
+                    std::to_string(b) + " (a recompute rebuilds the entry B reads)";
+        } else {
+          for (const OpKind transfer : {OpKind::kOffload, OpKind::kRelease, OpKind::kReload}) {
+            if (const int at = Pos(d, transfer, op.mb, op.chunk); at >= 0) {
+              problem = "a recomputed entry is also offloaded: " +
+                        Named(transfer, op.mb, op.chunk) + " is at op " + std::to_string(at) +
+                        " (one choice per entry: keep, offload or recompute)";
+              break;
+            }
+          }
+        }
+        if (!problem.empty()) return ViolationAt(internal::kRecomputeLifeCycle, d, index, problem);
       }
     }
     return std::nullopt;

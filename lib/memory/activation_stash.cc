@@ -11,6 +11,8 @@
 //    ON_HOST     --StartReload--> RELOADING    new device block, H2D enqueued (RELOAD)
 //    RELOADING   --FinishReload-> ON_DEVICE    H2D waited for, host slot returned (before B)
 //    ON_DEVICE   --Free---------> (none)       device block freed (B unsplit, or W)
+//    ON_DEVICE   --Regrow-------> ON_DEVICE    + full block, retained block kept (RECOMPUTE)
+//    ON_DEVICE   --DropRetained-> ON_DEVICE    retained block freed (after RecomputeSaved)
 //  Logical and physical bytes:
 //    device_bytes_ / device_entries_ (LOGICAL) follow program order exactly as the compiler
 //    models it: + at Create and StartReload, - at FinishOffload and Free. Their high-water mark
@@ -399,6 +401,43 @@ absl::Status ActivationStash::Free(int mb, int chunk) {
   return freed;
 }
 
+absl::StatusOr<ActivationStash::Regrown> ActivationStash::Regrow(int mb, int chunk,
+                                                                 std::int64_t bytes) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "Regrow (RECOMPUTE)"));
+  PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnDevice, "Regrow (RECOMPUTE)"));
+  if (entry->retained != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(EntryName(mb, chunk), " is already regrown; Regrow (RECOMPUTE) runs once"));
+  }
+  absl::StatusOr<void*> device = AllocateReclaiming(bytes, MemoryCategory::kStash);
+  if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
+  if (arena_.poison_on_free()) {
+    PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
+                                          arena_.AlignedSize(bytes)));
+  }
+  entry->retained = entry->device;
+  entry->retained_bytes = entry->bytes;
+  entry->device = *device;
+  entry->bytes = bytes;
+  // One entry, two blocks: the bytes grow, the entry count does not.
+  device_bytes_ += bytes;
+  device_high_water_bytes_ = std::max(device_high_water_bytes_, device_bytes_);
+  return Regrown{entry->retained, entry->device};
+}
+
+absl::Status ActivationStash::DropRetained(int mb, int chunk) {
+  PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "DropRetained (RECOMPUTE)"));
+  if (entry->retained == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        EntryName(mb, chunk), " holds no retained block; DropRetained (RECOMPUTE) needs Regrow"));
+  }
+  void* retained = entry->retained;
+  entry->retained = nullptr;
+  device_bytes_ -= entry->retained_bytes;
+  entry->retained_bytes = 0;
+  return arena_.Free(retained);
+}
+
 absl::Status ActivationStash::CheckEmpty() const {
   if (entries_.empty()) return absl::OkStatus();
   std::string left;
@@ -430,6 +469,11 @@ void ActivationStash::Clear(double timeout_seconds) {
       backend_.WaitEvent(*entry.reload_done, timeout_seconds).IgnoreError();
     }
     FreeDevice(entry).IgnoreError();
+    if (entry.retained != nullptr) {  // a RECOMPUTE that failed between Regrow and DropRetained
+      device_bytes_ -= entry.retained_bytes;
+      arena_.Free(entry.retained).IgnoreError();
+      entry.retained = nullptr;
+    }
     if (entry.host.index >= 0) host_pool_.Release(entry.host).IgnoreError();
     ReturnEvents(entry);
   }

@@ -20,6 +20,12 @@ class SizesOnlyModel final : public StageModel {
     return sizes_.saved_bytes[static_cast<std::size_t>(map_.virtual_stage(stage_, chunk))];
   }
   std::int64_t BoundaryBytes() const override { return sizes_.boundary_bytes; }
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool) const override {
+    const std::vector<std::int64_t>& bytes =
+        mode == Recompute::kFull ? sizes_.retained_full_bytes : sizes_.retained_lean_bytes;
+    const auto l = static_cast<std::size_t>(map_.virtual_stage(stage_, chunk));
+    return mode == Recompute::kNone || l >= bytes.size() ? -1 : bytes[l];
+  }
   absl::Status Forward(int, int, const void*, void*, void*) override { return Unused(); }
   absl::Status Backward(int, int, const void*, void*, void*, bool) override { return Unused(); }
   absl::Status BackwardWeight(int, int, void*) override { return Unused(); }

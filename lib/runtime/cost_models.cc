@@ -18,6 +18,15 @@ CostModel WithModelSizes(CostModel base, const ModelSizes& sizes) {
   base.activation_bytes_per_virtual_stage = sizes.saved_bytes;
   base.activation_bytes = *std::max_element(sizes.saved_bytes.begin(), sizes.saved_bytes.end());
   base.boundary_bytes = sizes.boundary_bytes;
+  // The model's -1 (not offered) is the cost model's 0. No list: `base` keeps its own.
+  const auto offered = [](const std::vector<std::int64_t>& model_bytes,
+                          std::vector<std::int64_t>* bytes) {
+    if (model_bytes.empty()) return;
+    bytes->clear();
+    for (const std::int64_t b : model_bytes) bytes->push_back(std::max<std::int64_t>(b, 0));
+  };
+  offered(sizes.retained_full_bytes, &base.retained_full_bytes_per_virtual_stage);
+  offered(sizes.retained_lean_bytes, &base.retained_lean_bytes_per_virtual_stage);
   return base;
 }
 

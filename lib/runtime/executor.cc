@@ -97,12 +97,19 @@ absl::Status StageExecutor::Forward(int index, const Op& op) {
     if (!last) {
       PO_ASSIGN_OR_RETURN(output, AllocateP2P(index, op));
     }
-    absl::StatusOr<void*> saved =
-        stash_.Create(op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)]);
+    // A recomputed entry keeps only its retained block until its RECOMPUTE*.
+    const Recompute mode = recompute_.ModeOf(op.mb, op.chunk);
+    absl::StatusOr<void*> saved = stash_.Create(
+        op.mb, op.chunk,
+        mode == Recompute::kNone ? saved_bytes_[static_cast<std::size_t>(op.chunk)]
+                                 : recompute_.Retained(op.chunk, mode));
     if (!saved.ok()) return Annotate(saved.status(), Where(index, op));
     SampleMemory();
     const double start = Now();
-    const absl::Status computed = model_.Forward(op.mb, op.chunk, input, output, *saved);
+    const absl::Status computed =
+        mode == Recompute::kNone
+            ? model_.Forward(op.mb, op.chunk, input, output, *saved)
+            : model_.ForwardRetaining(op.mb, op.chunk, input, output, *saved, mode);
     const double end = Now();
     Time(index, start, end);
     stats_.compute_seconds += end - start;
@@ -164,6 +171,29 @@ absl::Status StageExecutor::BackwardWeight(int index, const Op& op) {
   return absl::OkStatus();
 }
 
+absl::Status StageExecutor::RecomputeEntry(int index, const Op& op) {
+  // The retained block is read like B reads an entry: the poison scan catches a block freed
+  // under it since F.
+  PO_RETURN_IF_ERROR(ReadyEntry(index, op).status());
+  absl::StatusOr<ActivationStash::Regrown> blocks =
+      stash_.Regrow(op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)]);
+  if (!blocks.ok()) return Annotate(blocks.status(), Where(index, op));
+  SampleMemory();
+  const double start = Now();
+  const absl::Status status = model_.RecomputeSaved(op.mb, op.chunk, blocks->retained,
+                                                    blocks->full, RecomputeOf(op.kind));
+  const double end = Now();
+  Time(index, start, end);
+  stats_.compute_seconds += end - start;
+  stats_.recompute_seconds += end - start;
+  PO_RETURN_IF_ERROR(CallModel(index, status));
+  // Freed after the call was enqueued: the arena's poison fill is ordered after it on the
+  // compute queue, so the model's work still reads the retained bytes.
+  PO_RETURN_IF_ERROR(Annotate(stash_.DropRetained(op.mb, op.chunk), Where(index, op)));
+  SampleMemory();
+  return absl::OkStatus();
+}
+
 absl::Status StageExecutor::Release(int index, const Op& op) {
   // Does not block unless wait_for_copy_at_release; any wait is counted by the stash
   // (release_wait_seconds, added to wait_seconds at the end of Run).
@@ -216,8 +246,7 @@ absl::Status StageExecutor::RunOp(int index, const Op& op) {
       return Barrier(index, op);
     case OpKind::kRecompute:
     case OpKind::kRecomputeLean:
-      return absl::UnimplementedError(
-          absl::StrCat(Where(index, op), ": the executor does not run recompute ops yet"));
+      return RecomputeEntry(index, op);
   }
   return absl::InternalError(absl::StrCat(Where(index, op), ": unknown op kind"));
 }
@@ -398,7 +427,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   PO_ASSIGN_OR_RETURN(const Event compute_done, backend.CreateEvent());
   return std::unique_ptr<Executor>(new internal::StageExecutor(spec, program, model, backend, arena,
                                                      transport, options, std::move(host_pool),
-                                                     compute_done, needs.stash_peak_bytes));
+                                                     compute_done, needs.stash_peak_bytes,
+                                                     needs.recompute));
 }
 
 }  // namespace pipeoffload

@@ -59,6 +59,8 @@ class PipelineStageImpl final : public PipelineStage {
   std::optional<Schedule> given_;  // a file's or the options' schedule
   int stage_ = 0;
   std::vector<std::int64_t> own_saved_;  // this stage's SavedBytes, by chunk
+  // This stage's RetainedBytes(c, kFull / kLean), by chunk (-1: the model does not offer it).
+  std::vector<std::int64_t> own_retained_full_, own_retained_lean_;
   std::optional<StageCosts> own_costs_;
   ModelSizes sizes_;
   std::vector<StageCosts> measured_;

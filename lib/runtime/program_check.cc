@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "lib/runtime/recompute_plan.h"
 
 namespace pipeoffload::internal {
 namespace {
@@ -120,9 +122,36 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
   for (int index = 0; index < static_cast<int>(program.ops.size()); ++index) {
     const Op& op = program.ops[static_cast<std::size_t>(index)];
     if (absl::Status ok = CheckOp(spec, place, program, index, op); !ok.ok()) return ok;
+  }
+  PO_ASSIGN_OR_RETURN(needs.recompute, PlanRecompute(spec, program, model));
+  const RecomputePlan& recompute = needs.recompute;
+  auto add = [&](std::int64_t bytes, int index) {
+    bytes_now += bytes;
+    aligned_now += bytes < 0 ? -aligned(-bytes) : aligned(bytes);
+    needs.stash_peak_bytes = std::max(needs.stash_peak_bytes, bytes_now);
+    if (aligned_now > needs.stash_peak_aligned_bytes) {
+      needs.stash_peak_aligned_bytes = aligned_now;
+      needs.stash_peak_op = index;
+    }
+  };
+  for (int index = 0; index < static_cast<int>(program.ops.size()); ++index) {
+    const Op& op = program.ops[static_cast<std::size_t>(index)];
     if (op.kind == OpKind::kBarrier) continue;
     const std::pair<int, int> key(op.mb, op.chunk);
     const std::int64_t bytes = saved[static_cast<std::size_t>(op.chunk)];
+    // A recomputed entry: F keeps the retained block; RECOMPUTE adds the full entry, then
+    // frees the retained block (both are held while the model rebuilds the entry).
+    const Recompute mode = recompute.ModeOf(op.mb, op.chunk);
+    if (mode != Recompute::kNone && (op.kind == OpKind::kForward || IsRecompute(op.kind))) {
+      const std::int64_t retained = recompute.Retained(op.chunk, mode);
+      if (op.kind == OpKind::kForward) {
+        if (on_device.insert(key).second) add(retained, index);
+      } else if (on_device.count(key) != 0) {
+        add(bytes, index);
+        add(-retained, index);
+      }
+      continue;
+    }
     // The walk tolerates illegal sequences (the stash reports those at run time); it only
     // counts, so a broken program cannot make it over- or under-count twice.
     int delta = 0;
@@ -150,13 +179,7 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
       default:
         break;
     }
-    bytes_now += delta * bytes;
-    aligned_now += delta * aligned(bytes);
-    needs.stash_peak_bytes = std::max(needs.stash_peak_bytes, bytes_now);
-    if (aligned_now > needs.stash_peak_aligned_bytes) {
-      needs.stash_peak_aligned_bytes = aligned_now;
-      needs.stash_peak_op = index;
-    }
+    add(delta * bytes, index);
   }
   for (const auto& [bytes, counts] : host_count) {
     needs.host_slots.push_back(HostSlotClass{bytes, counts.second});

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/runtime/recompute_plan.h"
 #include "pipeoffload/memory.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/stage_model.h"
@@ -18,13 +19,16 @@ struct ProgramNeeds {
   std::int64_t stash_peak_aligned_bytes = 0;  // the same with each entry rounded as the arena
   int stash_peak_op = -1;                     // index of the op that reaches the aligned peak
   std::vector<HostSlotClass> host_slots;      // per entry size, the most entries on host at once
+  RecomputePlan recompute;                    // the recomputed entries and their retained bytes
 };
 
 // Checks the spec, the program's stage and every op's ranges and peers against the placement,
 // and the model's sizes; then walks the program in order to find its needs: +entry at F and
 // RELOAD, -entry at RELEASE and at B (unsplit) or W (split), exactly the compiler's model; host
-// slots +1 at OFFLOAD, -1 at the entry's B. Errors: InvalidArgument / FailedPrecondition
-// naming the stage, op index and op.
+// slots +1 at OFFLOAD, -1 at the entry's B. A recomputed entry (recompute_plan.h) counts its
+// retained bytes from F, then at its RECOMPUTE* + the full entry and - the retained bytes.
+// Errors: InvalidArgument / FailedPrecondition naming the stage, op index and op, or the
+// recompute mode the model does not offer.
 [[nodiscard]] absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
                                                              const StageProgram& program,
                                                              const StageModel& model,

@@ -12,7 +12,9 @@
 //    until its SEND posts it (sends_) or, when p = 1, the next local chunk consumes it; a send
 //    until its request finishes. Stash entries belong to the ActivationStash.
 //  - Memory accounting follows program order, as the compiler models it: the stash's LOGICAL
-//    bytes grow at F and RELOAD and shrink at RELEASE and at B (unsplit) / W (split), so the
+//    bytes grow at F and RELOAD and shrink at RELEASE and at B (unsplit) / W (split); an entry
+//    recomputed is its retained block from F, and at its RECOMPUTE* the full entry is added
+//    before the retained block is freed (ActivationStash::Regrow / DropRetained); so the
 //    measured stash high-water (the stash's own counter) equals the predicted peak exactly.
 //  - RELEASE does not block the stage's thread: the entry leaves the logical count at once, but
 //    its device block stays allocated (PHYSICALLY, arena category kStash) until its D2H copy has
@@ -82,7 +84,7 @@ class StageExecutor final : public Executor {
   StageExecutor(const PipelineSpec& spec, const StageProgram& program, StageModel& model,
                 Backend& backend, DeviceArena& arena, Transport& transport,
                 const ExecutorOptions& options, std::unique_ptr<HostPool> host_pool,
-                Event compute_done, std::int64_t predicted_peak_bytes)
+                Event compute_done, std::int64_t predicted_peak_bytes, RecomputePlan recompute)
       : spec_(spec),
         program_(program),
         place_(spec.stage_map()),
@@ -95,7 +97,8 @@ class StageExecutor final : public Executor {
         watchdog_(program.stage, options.wait_timeout_seconds),
         host_pool_(std::move(host_pool)),
         stash_(backend, arena, *host_pool_, StashOptions(options, predicted_peak_bytes)),
-        compute_done_(compute_done) {
+        compute_done_(compute_done),
+        recompute_(std::move(recompute)) {
     for (int chunk = 0; chunk < spec.chunks_per_stage; ++chunk) {
       saved_bytes_.push_back(model.SavedBytes(chunk, spec.split_backward));
     }
@@ -124,6 +127,9 @@ class StageExecutor final : public Executor {
   absl::Status Forward(int index, const Op& op);
   absl::Status Backward(int index, const Op& op);
   absl::Status BackwardWeight(int index, const Op& op);
+  // RECOMPUTE / RECOMPUTE_LEAN: the full entry from the retained block (StageModel::
+  // RecomputeSaved), timed and counted like the other compute ops (and in recompute_seconds).
+  absl::Status RecomputeEntry(int index, const Op& op);
   absl::Status Send(int index, const Op& op);
   absl::Status Recv(int index, const Op& op);
   absl::Status Release(int index, const Op& op);
@@ -170,6 +176,7 @@ class StageExecutor final : public Executor {
   std::unique_ptr<HostPool> host_pool_;
   ActivationStash stash_;
   const Event compute_done_;
+  const RecomputePlan recompute_;          // which entries F keeps only a retained block of
   std::vector<std::int64_t> saved_bytes_;  // per chunk
   std::int64_t boundary_bytes_ = 0;
 

@@ -114,6 +114,8 @@ absl::Status PipelineStageImpl::SetUpLocal() {
                                                      c, ") is ", bytes, "; it must be positive"));
     }
     own_saved_.push_back(bytes);
+    own_retained_full_.push_back(model_.RetainedBytes(c, Recompute::kFull, spec_.split_backward));
+    own_retained_lean_.push_back(model_.RetainedBytes(c, Recompute::kLean, spec_.split_backward));
   }
   return absl::OkStatus();
 }
@@ -158,12 +160,28 @@ absl::Status PipelineStageImpl::SizesFromGivenCosts() {
   sizes_.boundary_bytes = model_.BoundaryBytes();
   if (p == 1) {
     sizes_.saved_bytes = own_saved_;
+    sizes_.retained_full_bytes = own_retained_full_;
+    sizes_.retained_lean_bytes = own_retained_lean_;
     return absl::OkStatus();
   }
   const VirtualStageMap map = spec_.stage_map();
   sizes_.saved_bytes.clear();
+  sizes_.retained_full_bytes.clear();
+  sizes_.retained_lean_bytes.clear();
   for (int l = 0; l < p * v; ++l) {
     sizes_.saved_bytes.push_back(given.ActivationBytes(map.stage_of(l), map.chunk_of(l), map));
+    // The other stages' retained bytes are the given cost model's (its 0 is the model's -1);
+    // this stage's come from its own model.
+    for (const Recompute mode : {Recompute::kFull, Recompute::kLean}) {
+      const bool own = map.stage_of(l) == stage_;
+      const std::int64_t given_bytes =
+          given.RetainedBytes(map.stage_of(l), map.chunk_of(l), map, mode);
+      const std::vector<std::int64_t>& own_bytes =
+          mode == Recompute::kFull ? own_retained_full_ : own_retained_lean_;
+      (mode == Recompute::kFull ? sizes_.retained_full_bytes : sizes_.retained_lean_bytes)
+          .push_back(own ? own_bytes[static_cast<std::size_t>(map.chunk_of(l))]
+                         : (given_bytes > 0 ? given_bytes : -1));
+    }
   }
   for (int c = 0; c < v; ++c) {
     const int l = map.virtual_stage(stage_, c);
@@ -195,6 +213,8 @@ absl::Status PipelineStageImpl::GatherStages(absl::Status status) {
   }
   ByteWriter mine;
   mine.PutVector(own_saved_);
+  mine.PutVector(own_retained_full_);
+  mine.PutVector(own_retained_lean_);
   mine.Put<std::int64_t>(status.ok() ? model_.BoundaryBytes() : 0);
   PutCosts(mine, own_costs_);
   PO_ASSIGN_OR_RETURN(const std::vector<std::string> all,
@@ -204,25 +224,32 @@ absl::Status PipelineStageImpl::GatherStages(absl::Status status) {
   const int p = num_stages();
   const int v = spec_.chunks_per_stage;
   sizes_.saved_bytes.assign(static_cast<std::size_t>(p * v), 0);
+  sizes_.retained_full_bytes.assign(static_cast<std::size_t>(p * v), -1);
+  sizes_.retained_lean_bytes.assign(static_cast<std::size_t>(p * v), -1);
   sizes_.boundary_bytes = 0;
   measured_.clear();
   for (int d = 0; d < p; ++d) {
     ByteReader reader(all[static_cast<std::size_t>(d)]);
-    std::vector<std::int64_t> saved;
+    std::vector<std::int64_t> saved, retained_full, retained_lean;
     std::int64_t boundary = 0;
     std::optional<StageCosts> costs;
     reader.GetVector(&saved);
+    reader.GetVector(&retained_full);
+    reader.GetVector(&retained_lean);
     reader.Get(&boundary);
     GetCosts(reader, &costs);
     PO_RETURN_IF_ERROR(reader.Finish("stage sizes and costs"));
-    if (saved.size() != static_cast<std::size_t>(v)) {
+    if (saved.size() != static_cast<std::size_t>(v) || retained_full.size() != saved.size() ||
+        retained_lean.size() != saved.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stage ", d, " has ", saved.size(), " chunks, the schedule ", v,
           " (the ranks were given different pipelines)"));
     }
     for (int c = 0; c < v; ++c) {
-      sizes_.saved_bytes[static_cast<std::size_t>(spec_.stage_map().virtual_stage(d, c))] =
-          saved[static_cast<std::size_t>(c)];
+      const auto l = static_cast<std::size_t>(spec_.stage_map().virtual_stage(d, c));
+      sizes_.saved_bytes[l] = saved[static_cast<std::size_t>(c)];
+      sizes_.retained_full_bytes[l] = retained_full[static_cast<std::size_t>(c)];
+      sizes_.retained_lean_bytes[l] = retained_lean[static_cast<std::size_t>(c)];
     }
     if (d > 0 && boundary != sizes_.boundary_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -1,6 +1,8 @@
 // CostModel accessors and the unit-cost model used to compare plans with published numbers.
 #include "pipeoffload/cost_model.h"
 
+#include <algorithm>
+
 namespace pipeoffload {
 
 std::int64_t CostModel::ActivationBytes(int stage, int chunk, int num_stages) const {
@@ -32,6 +34,44 @@ double CostModel::WeightTime(int stage) const {
   return weight_time * Scale(stage_time_scale, stage);
 }
 
+double CostModel::RecomputeTime(int stage, Recompute mode) const {
+  switch (mode) {
+    case Recompute::kNone: return 0.0;
+    case Recompute::kFull:
+      return recompute_full_time < 0 ? ForwardTime(stage)
+                                     : recompute_full_time * Scale(stage_time_scale, stage);
+    case Recompute::kLean:
+      return recompute_lean_time < 0 ? kLeanRecomputeShare * ForwardTime(stage)
+                                     : recompute_lean_time * Scale(stage_time_scale, stage);
+  }
+  return 0.0;
+}
+
+std::int64_t CostModel::RetainedBytes(int stage, int chunk, const VirtualStageMap& map,
+                                      Recompute mode) const {
+  const auto per_stage = [&](const std::vector<std::int64_t>& bytes, std::int64_t uniform) {
+    const std::size_t index = static_cast<std::size_t>(map.virtual_stage(stage, chunk));
+    return index < bytes.size() ? bytes[index] : uniform;
+  };
+  switch (mode) {
+    case Recompute::kNone: return ActivationBytes(stage, chunk, map);
+    case Recompute::kFull: {
+      const std::int64_t bytes = per_stage(retained_full_bytes_per_virtual_stage,
+                                           retained_full_bytes);
+      return std::max<std::int64_t>(0, bytes < 0 ? boundary_bytes : bytes);
+    }
+    case Recompute::kLean:
+      return std::max<std::int64_t>(
+          0, per_stage(retained_lean_bytes_per_virtual_stage, retained_lean_bytes));
+  }
+  return 0;
+}
+
+bool CostModel::RecomputeOffered(int stage, int chunk, const VirtualStageMap& map,
+                                 Recompute mode) const {
+  return mode == Recompute::kNone || RetainedBytes(stage, chunk, map, mode) > 0;
+}
+
 CostModel UnitCostModel(double offload_ratio_k) {
   CostModel cost;
   cost.forward_time = 1.0;
@@ -50,6 +90,10 @@ CostModel UnitCostModel(double offload_ratio_k) {
   cost.d2h_bandwidth = bandwidth;
   cost.h2d_bandwidth = bandwidth;
   cost.duplex_bandwidth = bandwidth;
+  cost.recompute_full_time = 1.0;
+  cost.recompute_lean_time = kLeanRecomputeShare;
+  cost.retained_full_bytes = cost.activation_bytes / 16;
+  cost.retained_lean_bytes = cost.activation_bytes / 2;
   return cost;
 }
 

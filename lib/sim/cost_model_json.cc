@@ -25,6 +25,7 @@ using internal::ReadValue;
 enum class Range {
   kNonNegative,  // finite and >= 0 (times, latency, margin, multipliers)
   kPositive,     // > 0; +Infinity allowed (bandwidths: a free link)
+  kDerivable,    // finite; negative = derived from other fields (recompute times)
 };
 
 struct DoubleField {
@@ -44,6 +45,36 @@ constexpr DoubleField kDoubleFields[] = {
     {"p2p_latency", &CostModel::p2p_latency, Range::kNonNegative},
     {"reload_margin_in_backward_times", &CostModel::reload_margin_in_backward_times,
      Range::kNonNegative},
+    {"recompute_full_time", &CostModel::recompute_full_time, Range::kDerivable},
+    {"recompute_lean_time", &CostModel::recompute_lean_time, Range::kDerivable},
+};
+
+// Integer fields with their least accepted value (-1: negative derives, cost_model.h).
+struct BytesField {
+  std::string_view name;
+  std::int64_t CostModel::*member;
+  std::int64_t min;
+};
+
+constexpr BytesField kBytesFields[] = {
+    {"activation_bytes", &CostModel::activation_bytes, 0},
+    {"boundary_bytes", &CostModel::boundary_bytes, 0},
+    {"retained_full_bytes", &CostModel::retained_full_bytes, -1},
+    {"retained_lean_bytes", &CostModel::retained_lean_bytes, 0},
+};
+
+struct BytesVectorField {
+  std::string_view name;
+  std::vector<std::int64_t> CostModel::*member;
+  std::int64_t min;
+};
+
+constexpr BytesVectorField kBytesVectorFields[] = {
+    {"activation_bytes_per_virtual_stage", &CostModel::activation_bytes_per_virtual_stage, 0},
+    {"retained_full_bytes_per_virtual_stage", &CostModel::retained_full_bytes_per_virtual_stage,
+     -1},
+    {"retained_lean_bytes_per_virtual_stage", &CostModel::retained_lean_bytes_per_virtual_stage,
+     0},
 };
 
 // Every key, in the header's field order (the order the writer uses).
@@ -62,9 +93,21 @@ constexpr std::string_view kKeys[] = {"forward_time",
                                       "p2p_latency",
                                       "p2p_shares_host_link",
                                       "host_link_group_size",
-                                      "reload_margin_in_backward_times"};
+                                      "reload_margin_in_backward_times",
+                                      "recompute_full_time",
+                                      "recompute_lean_time",
+                                      "retained_full_bytes",
+                                      "retained_lean_bytes",
+                                      "retained_full_bytes_per_virtual_stage",
+                                      "retained_lean_bytes_per_virtual_stage"};
 
 absl::Status CheckRange(double value, std::string_view path, Range range) {
+  if (range == Range::kDerivable) {
+    if (!std::isfinite(value)) {
+      return FieldError(path, absl::StrCat("must be finite (negative: derived), got ", value));
+    }
+    return absl::OkStatus();
+  }
   if (range == Range::kPositive) {
     // Written so that NaN fails too.
     if (!(value > 0.0)) {
@@ -98,21 +141,19 @@ absl::Status ReadField(const std::string& key, const Json& value, CostModel* cos
     }
     return absl::OkStatus();
   }
-  if (key == "activation_bytes_per_virtual_stage") {
-    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->activation_bytes_per_virtual_stage));
-    for (std::size_t i = 0; i < cost->activation_bytes_per_virtual_stage.size(); ++i) {
-      PO_RETURN_IF_ERROR(
-          CheckAtLeast(cost->activation_bytes_per_virtual_stage[i], IndexPath(key, i), 0));
+  for (const BytesVectorField& field : kBytesVectorFields) {
+    if (field.name != key) continue;
+    std::vector<std::int64_t>& bytes = cost->*field.member;
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &bytes));
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      PO_RETURN_IF_ERROR(CheckAtLeast(bytes[i], IndexPath(key, i), field.min));
     }
     return absl::OkStatus();
   }
-  if (key == "activation_bytes") {
-    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->activation_bytes));
-    return CheckAtLeast(cost->activation_bytes, key, 0);
-  }
-  if (key == "boundary_bytes") {
-    PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->boundary_bytes));
-    return CheckAtLeast(cost->boundary_bytes, key, 0);
+  for (const BytesField& field : kBytesFields) {
+    if (field.name != key) continue;
+    PO_RETURN_IF_ERROR(ReadValue(value, key, &(cost->*field.member)));
+    return CheckAtLeast(cost->*field.member, key, field.min);
   }
   if (key == "host_link_group_size") {
     PO_RETURN_IF_ERROR(ReadValue(value, key, &cost->host_link_group_size));
@@ -164,6 +205,12 @@ std::string CostModelToJson(const CostModel& cost) {
       {"p2p_shares_host_link", cost.p2p_shares_host_link},
       {"host_link_group_size", cost.host_link_group_size},
       {"reload_margin_in_backward_times", DoubleToJson(cost.reload_margin_in_backward_times)},
+      {"recompute_full_time", DoubleToJson(cost.recompute_full_time)},
+      {"recompute_lean_time", DoubleToJson(cost.recompute_lean_time)},
+      {"retained_full_bytes", cost.retained_full_bytes},
+      {"retained_lean_bytes", cost.retained_lean_bytes},
+      {"retained_full_bytes_per_virtual_stage", cost.retained_full_bytes_per_virtual_stage},
+      {"retained_lean_bytes_per_virtual_stage", cost.retained_lean_bytes_per_virtual_stage},
   };
   std::string out = "{";
   for (std::size_t i = 0; i < fields.size(); ++i) {

@@ -26,6 +26,12 @@ CostModel EstimateGptCostModel(const GptShape& shape) {
   cost.duplex_bandwidth = shape.pcie_duplex_bandwidth;
   cost.p2p_bandwidth = shape.p2p_bandwidth;
   cost.p2p_latency = shape.p2p_latency;
+  // Recompute: full re-runs the forward and keeps the chunk's input (one boundary message);
+  // lean recomputes the LayerNorm and GELU outputs (4 h s + 8 h s of the 34 h s per layer).
+  cost.recompute_full_time = pass_time;
+  cost.retained_full_bytes = cost.boundary_bytes;
+  cost.retained_lean_bytes = SaturatedInt64(layers * 22.0 * h * s);
+  cost.recompute_lean_time = layers * 24.0 * h * s / shape.memory_bandwidth;
   return cost;
 }
 

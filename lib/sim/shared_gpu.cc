@@ -30,6 +30,17 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 constexpr double kSecondsEpsilon = 1e-12;
 constexpr double kBytesEpsilon = 0.5;
 
+// Seconds of compute op `kind` on stage s alone on its GPU.
+double ComputeSeconds(const CostModel& cost, int s, OpKind kind, bool split) {
+  switch (kind) {
+    case OpKind::kForward: return cost.ForwardTime(s);
+    case OpKind::kBackward: return cost.BackwardTime(s, split);
+    case OpKind::kRecompute: return cost.RecomputeTime(s, Recompute::kFull);
+    case OpKind::kRecomputeLean: return cost.RecomputeTime(s, Recompute::kLean);
+    default: return cost.WeightTime(s);
+  }
+}
+
 struct Running {
   int stage;
   int index;
@@ -100,11 +111,6 @@ class SharedGpu {
     return index_.Position(s, OpKind::kReload, mb, chunk) >= 0;
   }
 
-  double ComputeSeconds(int s, OpKind kind) const {
-    if (kind == OpKind::kForward) return cost_.ForwardTime(s);
-    if (kind == OpKind::kBackward) return cost_.BackwardTime(s, split_);
-    return cost_.WeightTime(s);
-  }
 
   // Whether the head of s may start now (its own dependencies; engines checked by the caller).
   bool Ready(int s, const Op& op) {
@@ -122,6 +128,8 @@ class SharedGpu {
         return Finished(s, OpKind::kBackward, op.mb, op.chunk) &&
                (!Offloaded(s, op.mb, op.chunk) || Finished(s, OpKind::kReload, op.mb, op.chunk));
       case OpKind::kOffload:
+      case OpKind::kRecompute:
+      case OpKind::kRecomputeLean:
         return Finished(s, OpKind::kForward, op.mb, op.chunk);
       case OpKind::kRelease:
       case OpKind::kReload:
@@ -162,7 +170,7 @@ class SharedGpu {
     if (IsCompute(op.kind)) {
       if (compute_busy_[su]) return false;
       compute_busy_[su] = 1;
-      compute_.push_back({s, head, ComputeSeconds(s, op.kind)});
+      compute_.push_back({s, head, ComputeSeconds(cost_, s, op.kind, split_)});
     } else if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
       const bool d2h = op.kind == OpKind::kOffload;
       std::vector<char>& busy = d2h ? d2h_busy_ : h2d_busy_;
@@ -362,10 +370,8 @@ absl::StatusOr<SharedGpuPrediction> SimulateSharedGpu(const Schedule& schedule,
   for (const StageProgram& program : schedule.stages) {
     for (const Op& op : program.ops) {
       if (IsCompute(op.kind)) {
-        out->compute_work += op.kind == OpKind::kForward ? cost.ForwardTime(program.stage)
-                             : op.kind == OpKind::kBackward
-                                 ? cost.BackwardTime(program.stage, schedule.spec.split_backward)
-                                 : cost.WeightTime(program.stage);
+        out->compute_work +=
+            ComputeSeconds(cost, program.stage, op.kind, schedule.spec.split_backward);
       }
     }
   }

@@ -126,6 +126,8 @@ inline absl::Status CheckTotalOpTime(const Schedule& schedule, const CostModel& 
         case OpKind::kForward: total += cost.ForwardTime(s); break;
         case OpKind::kBackward: total += cost.BackwardTime(s, split); break;
         case OpKind::kBackwardWeight: total += cost.WeightTime(s); break;
+        case OpKind::kRecompute: total += cost.RecomputeTime(s, Recompute::kFull); break;
+        case OpKind::kRecomputeLean: total += cost.RecomputeTime(s, Recompute::kLean); break;
         case OpKind::kOffload:
         case OpKind::kReload:
           total += static_cast<double>(

@@ -228,6 +228,8 @@ class EventLoop {
         ok = After(s, OpKind::kForward, op.mb, op.chunk, &ignored, why, waits_for);
         break;
       case OpKind::kOffload:
+      case OpKind::kRecompute:
+      case OpKind::kRecomputeLean:
         ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why, waits_for);
         break;
       case OpKind::kSendGrad:
@@ -375,6 +377,10 @@ class EventLoop {
         return cost_.BackwardTime(s, split_);
       case OpKind::kBackwardWeight:
         return cost_.WeightTime(s);
+      case OpKind::kRecompute:
+        return cost_.RecomputeTime(s, Recompute::kFull);
+      case OpKind::kRecomputeLean:
+        return cost_.RecomputeTime(s, Recompute::kLean);
       case OpKind::kOffload:
       case OpKind::kReload: {
         const bool d2h = op.kind == OpKind::kOffload;
@@ -524,10 +530,47 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     std::int64_t units;
   };
   std::vector<Change> changes;
+  // Recomputed entries: F holds the retained block; RECOMPUTE* adds the full entry when it
+  // starts and frees the retained block when it ends (the runtime's Regrow / DropRetained).
+  std::vector<Recompute> recomputed(on_host.size(), Recompute::kNone);
+  for (const TimedOp& t : timed) {
+    if (IsRecompute(t.op.kind)) {
+      recomputed[static_cast<std::size_t>(t.op.mb) * static_cast<std::size_t>(v) +
+                 static_cast<std::size_t>(t.op.chunk)] =
+          t.op.kind == OpKind::kRecompute ? Recompute::kFull : Recompute::kLean;
+    }
+  }
+  const auto change = [&](std::int64_t delta_bytes, int delta_units, double when, int index) {
+    units += delta_units;
+    bytes += delta_bytes;
+    out->peak_units = std::max(out->peak_units, units);
+    out->peak_bytes = std::max(out->peak_bytes, bytes);
+    changes.push_back({when, index, delta_bytes, delta_units});
+    plain_units += delta_units;
+    plain_bytes += delta_bytes;
+    out->peak_units_without_offload = std::max(out->peak_units_without_offload, plain_units);
+    out->peak_bytes_without_offload = std::max(out->peak_bytes_without_offload, plain_bytes);
+  };
   for (const TimedOp& t : timed) {
     const Op& op = t.op;
     // BARRIERs may carry chunk -1; they allocate nothing, so any size will do for them.
     const std::int64_t entry = cost.ActivationBytes(s, std::max(op.chunk, 0), spec.stage_map());
+    const Recompute mode =
+        op.mb < 0 ? Recompute::kNone
+                  : recomputed[static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(v) +
+                               static_cast<std::size_t>(op.chunk)];
+    if (mode != Recompute::kNone && (op.kind == OpKind::kForward || IsRecompute(op.kind))) {
+      const std::int64_t retained = cost.RetainedBytes(s, op.chunk, spec.stage_map(), mode);
+      if (op.kind == OpKind::kForward) {
+        change(retained, 1, t.start, t.index);
+      } else {
+        change(entry, 0, t.start, t.index);
+        change(-retained, 0, t.end, t.index);
+      }
+      if (t.engine == Engine::kCompute) out->busy_time += t.end - t.start;
+      out->end_time = std::max(out->end_time, t.end);
+      continue;
+    }
     int sign = 0;  // +1 allocates on the device, -1 frees
     double when = t.start;
     if (op.kind == OpKind::kForward || op.kind == OpKind::kReload) sign = 1;
@@ -568,7 +611,10 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
   // Time order; at one instant frees first (simulate.h), then program order.
   std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
     if (a.time != b.time) return a.time < b.time;
-    if ((a.units < 0) != (b.units < 0)) return a.units < 0;
+    // A recompute's free of its retained block changes no unit count, only bytes.
+    const bool a_frees = a.units < 0 || a.bytes < 0;
+    const bool b_frees = b.units < 0 || b.bytes < 0;
+    if (a_frees != b_frees) return a_frees;
     return a.index < b.index;
   });
   MemorySample current;

@@ -74,7 +74,9 @@ static void TestVersionAndNames(void) {
   EXPECT(strcmp(po_op_kind_name(PO_OP_FORWARD), "F") == 0);
   EXPECT(strcmp(po_op_kind_name(PO_OP_SEND_ACTIVATION), "SEND_F") == 0);
   EXPECT(strcmp(po_op_kind_name(PO_OP_BARRIER), "BARRIER") == 0);
-  EXPECT(po_op_kind_name(11) == NULL);
+  EXPECT(strcmp(po_op_kind_name(PO_OP_RECOMPUTE), "RECOMPUTE") == 0);
+  EXPECT(strcmp(po_op_kind_name(PO_OP_RECOMPUTE_LEAN), "RECOMPUTE_LEAN") == 0);
+  EXPECT(po_op_kind_name(13) == NULL);
   EXPECT(po_op_kind_name(-1) == NULL);
 }
 
@@ -368,7 +370,8 @@ static void TestBadInput(const char* scratch) {
   EXPECT_ERROR(po_schedule_parse(kBadKind, strlen(kBadKind), NULL, NULL, &schedule),
                PO_ERROR_INVALID_ARGUMENT,
                "po_schedule_parse: stages[0].ops[0].op: unknown op kind \"X\"; expected one of "
-               "F, B, W, SEND_F, RECV_F, SEND_B, RECV_B, OFFLOAD, RELEASE, RELOAD, BARRIER");
+               "F, B, W, SEND_F, RECV_F, SEND_B, RECV_B, OFFLOAD, RELEASE, RELOAD, BARRIER, "
+               "RECOMPUTE, RECOMPUTE_LEAN");
   EXPECT_ERROR_PREFIX(po_schedule_parse(kMissingB, strlen(kMissingB), NULL, NULL, &schedule),
                       PO_ERROR_FAILED_PRECONDITION,
                       "po_schedule_parse: Validate: invariant 2 (completeness) violated at "
@@ -428,7 +431,7 @@ static void TestBadInput(const char* scratch) {
   op.kind = 42;
   op.mb = op.chunk = op.peer = 0;
   EXPECT_ERROR(po_op_format(&op, small, sizeof(small), &count), PO_ERROR_INVALID_ARGUMENT,
-               "po_op_format: op kind 42 is unknown; kinds are 0..10");
+               "po_op_format: op kind 42 is unknown; kinds are 0..12");
   op.kind = PO_OP_FORWARD;
   op.mb = 12;
   op.chunk = 0;

@@ -76,6 +76,22 @@ TEST_CASE("PyTorch CSV export writes torch's cells, stripping offload ops", "[io
         "1RECV_F0,1F0,1I0,1SEND_B0,1W0,1RECV_F1,1F1,1I1,1SEND_B1,1W1\n");
 }
 
+TEST_CASE("PyTorch CSV export strips recompute ops, which torch has no action for",
+          "[io][csv]") {
+  for (const bool split : {false, true}) {
+    const Schedule plain = HandSchedule(split);
+    Schedule recomputed = plain;
+    std::vector<Op>& b = recomputed.stages[1].ops;
+    b.insert(b.begin() + 2, MakeOp(OpKind::kRecompute, 0, 0));  // before B0.0
+    b.insert(b.end() - (split ? 3 : 2), MakeOp(OpKind::kRecomputeLean, 1, 0));  // before B1.0
+    REQUIRE(recomputed.stages != plain.stages);
+    for (const CsvFlavor flavor : {CsvFlavor::kComputeOnly, CsvFlavor::kComputeComms}) {
+      CAPTURE(split, static_cast<int>(flavor));
+      CHECK(ScheduleToPyTorchCsv(recomputed, flavor) == ScheduleToPyTorchCsv(plain, flavor));
+    }
+  }
+}
+
 TEST_CASE("PyTorch CSV names virtual stages chunk * p + rank, comm ops by their own stage",
           "[io][csv]") {
   // p = 3, v = 2: stage 1 chunk 0 sends to stage 2 chunk 0, which sends on to stage 0 chunk 1

@@ -118,6 +118,29 @@ TEST_CASE("schedule JSON round trip is exact, doubles bit for bit", "[io][json]"
   CHECK(ScheduleToJson(*parsed) == text);
 }
 
+TEST_CASE("schedule JSON carries recompute ops by name", "[io][json]") {
+  Schedule s = HandSchedule();
+  s.stages[0].ops.insert(s.stages[0].ops.begin() + 1, Op{OpKind::kRecompute, 0, 0, -1});
+  s.stages[1].ops.push_back(Op{OpKind::kRecomputeLean, 1, 0, -1});
+  const std::string text = ScheduleToJson(s);
+  INFO(text);
+  CHECK(text.find("{\"op\": \"RECOMPUTE\", \"mb\": 0, \"chunk\": 0}") != std::string::npos);
+  CHECK(text.find("{\"op\": \"RECOMPUTE_LEAN\", \"mb\": 1, \"chunk\": 0}") !=
+        std::string::npos);
+  absl::StatusOr<Schedule> parsed = ParseScheduleJson(text);
+  REQUIRE(parsed.ok());
+  CHECK(*parsed == s);
+  // A recompute op takes no peer, like the other non-P2P kinds.
+  std::string with_peer = text;
+  const std::string lean = "\"RECOMPUTE_LEAN\", \"mb\": 1, \"chunk\": 0";
+  with_peer.replace(with_peer.find(lean), lean.size(), lean + ", \"peer\": 0");
+  const absl::Status refused = ParseScheduleJson(with_peer).status();
+  INFO(refused.ToString());
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.message()).find("not allowed on a RECOMPUTE_LEAN") !=
+        std::string::npos);
+}
+
 TEST_CASE("schedule JSON keeps non-finite doubles", "[io][json]") {
   Schedule s = HandSchedule();
   s.predictions->step_time = -std::numeric_limits<double>::infinity();

@@ -305,6 +305,57 @@ TEST_CASE("invariant 7: offload life cycle", "[validate]") {
   }
 }
 
+// OneFOneB with stage 0 recomputing mb 0 in full and stage 1 mb 1 from the lean layout, each
+// right before its B.
+Schedule Recomputed() {
+  return Make(2, 2, 1, false,
+              {{F(0), SendF(0, 1), F(1), SendF(1, 1), RecvB(0, 1), RecomputeFull(0), B(0),
+                RecvB(1, 1), B(1)},
+               {RecvF(0, 0), F(0), B(0), RecvF(1, 0), SendB(0, 0), F(1), RecomputeLean(1), B(1),
+                SendB(1, 0)}});
+}
+
+TEST_CASE("invariant 8: recompute life cycle", "[validate]") {
+  REQUIRE(Validate(Recomputed()).ok());
+  SECTION("anywhere between F and B is legal") {
+    Schedule s = Recomputed();
+    Move(s, 0, 5, 1);  // RECOMPUTE0 right after F0
+    CHECK(Validate(s).ok());
+  }
+  SECTION("RECOMPUTE before F") {
+    Schedule s = Recomputed();
+    Move(s, 0, 5, 0);
+    RequireFails(s, {"invariant 8 (recompute life cycle)", "stage 0, op 0 (RECOMPUTE0.0)",
+                     "RECOMPUTE before F: its F runs later, at op 1"});
+  }
+  SECTION("RECOMPUTE_LEAN after B") {
+    Schedule s = Recomputed();
+    Move(s, 1, 6, 7);
+    RequireFails(s, {"recompute life cycle", "stage 1, op 7 (RECOMPUTE_LEAN1.0)",
+                     "RECOMPUTE_LEAN after B: its B ran at op 6"});
+  }
+  SECTION("both kinds for one entry") {
+    Schedule s = Recomputed();
+    Ops(s, 0).insert(Ops(s, 0).begin() + 5, RecomputeLean(0));
+    RequireFails(s, {"recompute life cycle", "stage 0, op 5 (RECOMPUTE_LEAN0.0)",
+                     "two recompute choices for one entry: RECOMPUTE0.0 is at op 6"});
+  }
+  SECTION("the same kind twice") {
+    Schedule s = Recomputed();
+    Ops(s, 0).insert(Ops(s, 0).begin() + 5, RecomputeFull(0));
+    RequireFails(s, {"completeness", "duplicate RECOMPUTE0.0"});
+  }
+  SECTION("a recomputed entry that is also offloaded") {
+    Schedule s = Recomputed();
+    std::vector<Op>& ops = Ops(s, 0);
+    ops.insert(ops.begin() + 1, {Offload(0), Release(0)});
+    ops.insert(ops.begin() + 7, Reload(0));  // before RECOMPUTE0 and B0
+    RequireFails(s, {"recompute life cycle", "(RECOMPUTE0.0)",
+                     "a recomputed entry is also offloaded: OFFLOAD0.0 is at op 1",
+                     "one choice per entry"});
+  }
+}
+
 TEST_CASE("the grid shows the steps around the violation, stages as columns", "[validate]") {
   Schedule s = OneFOneB();
   Erase(s, 1, 3);

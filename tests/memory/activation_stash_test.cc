@@ -252,3 +252,56 @@ TEST_CASE("stash reports a full host pool and a full arena with the entry", "[ru
 
 }  // namespace
 }  // namespace pipeoffload
+
+namespace pipeoffload {
+namespace {
+
+TEST_CASE("Regrow holds both blocks until DropRetained, then the full entry alone",
+          "[memory][stash][recompute]") {
+  Fixture f;
+  ActivationStash& stash = *f.stash;
+  constexpr std::int64_t kRetained = 100;
+  absl::StatusOr<void*> retained = stash.Create(0, 0, kRetained);
+  REQUIRE(retained.ok());
+  std::memset(*retained, 0x5A, kRetained);
+  CHECK(stash.device_bytes() == kRetained);
+  absl::StatusOr<ActivationStash::Regrown> blocks = stash.Regrow(0, 0, kBytes);
+  REQUIRE(blocks.ok());
+  CHECK(blocks->retained == *retained);
+  CHECK(blocks->full != *retained);
+  // The new block is zero-filled (poisoning is on), the retained one untouched.
+  const auto* full = static_cast<const unsigned char*>(blocks->full);
+  const auto* kept = static_cast<const unsigned char*>(blocks->retained);
+  CHECK((full[0] == 0 && full[kBytes - 1] == 0));
+  CHECK((kept[0] == 0x5A && kept[kRetained - 1] == 0x5A));
+  CHECK(stash.device_bytes() == kRetained + kBytes);
+  CHECK(stash.device_high_water_bytes() == kRetained + kBytes);
+  CHECK(stash.device_entries() == 1);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kRetained + kBytes);
+  // Once is all.
+  CHECK(stash.Regrow(0, 0, kBytes).status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(stash.DropRetained(0, 0).ok());
+  CHECK(stash.device_bytes() == kBytes);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kBytes);
+  CHECK(stash.DeviceData(0, 0).value() == blocks->full);
+  const absl::Status again = stash.DropRetained(0, 0);
+  CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(again.message()).find("holds no retained block") != std::string::npos);
+  REQUIRE(stash.Free(0, 0).ok());
+  CHECK(stash.device_bytes() == 0);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+}
+
+TEST_CASE("Clear frees a retained block left by a failed recompute", "[memory][stash][recompute]") {
+  Fixture f;
+  REQUIRE(f.stash->Create(1, 0, 64).ok());
+  REQUIRE(f.stash->Regrow(1, 0, kBytes).ok());
+  CHECK(f.stash->Regrow(2, 0, kBytes).status().code() == absl::StatusCode::kFailedPrecondition);
+  f.stash->Clear(kTimeout);
+  CHECK(f.stash->device_bytes() == 0);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+  CHECK(f.arena->num_free_ranges() == 1);
+}
+
+}  // namespace
+}  // namespace pipeoffload

@@ -74,8 +74,73 @@ absl::Status ToyStageModel::CheckStamp(int mb, int chunk, const float* saved, bo
   return absl::OkStatus();
 }
 
+int ToyStageModel::KeptExtraWords(int chunk, Recompute mode) const {
+  const int extra = config_.extra_words * (chunk + 1);
+  switch (mode) {
+    case Recompute::kNone: return extra;
+    case Recompute::kLean: return extra / 2;
+    case Recompute::kFull: return 0;
+  }
+  return extra;
+}
+
+std::int64_t ToyStageModel::RetainedBytes(int chunk, Recompute mode, bool) const {
+  if (mode == Recompute::kNone) return -1;
+  return 4 * (kStampWords + config_.width + KeptExtraWords(chunk, mode));
+}
+
 absl::Status ToyStageModel::Forward(int mb, int chunk, const void* input, void* output,
                                     void* saved) {
+  return RunForward(mb, chunk, input, output, static_cast<float*>(saved),
+                    KeptExtraWords(chunk, Recompute::kNone));
+}
+
+absl::Status ToyStageModel::ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                             void* retained, Recompute mode) {
+  if (mode == Recompute::kNone) {
+    return absl::InvalidArgumentError("toy model: ForwardRetaining with mode none");
+  }
+  return RunForward(mb, chunk, input, output, static_cast<float*>(retained),
+                    KeptExtraWords(chunk, mode));
+}
+
+absl::Status ToyStageModel::RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                                           Recompute mode) {
+  if (mode == Recompute::kNone) {
+    return absl::InvalidArgumentError("toy model: RecomputeSaved with mode none");
+  }
+  const auto* kept = static_cast<const float*>(retained);
+  std::uint32_t stamp[kStampWords];
+  std::memcpy(stamp, kept, sizeof(stamp));
+  if (stamp[0] != static_cast<std::uint32_t>(mb) ||
+      stamp[1] != static_cast<std::uint32_t>(chunk) || stamp[2] != kStampMagic) {
+    return absl::InternalError(absl::StrCat("toy model: the retained block of (mb ", mb,
+                                            ", chunk ", chunk, ") holds stamp (", stamp[0], ", ",
+                                            stamp[1], ", ", stamp[2], ")"));
+  }
+  const int kept_extra = KeptExtraWords(chunk, mode);
+  for (int k = 0; k < kept_extra; ++k) {
+    std::uint32_t word;
+    std::memcpy(&word, kept + kStampWords + config_.width + k, 4);
+    if (word != ExtraWord(VirtualStage(chunk), k)) {
+      return absl::InternalError(absl::StrCat("toy model: kept extra word ", k, " of (mb ", mb,
+                                              ", chunk ", chunk, ") is ", word));
+    }
+  }
+  // Stamp, x and the kept extra words come from the retained block; the rest is recomputed.
+  const int kept_words = kStampWords + config_.width + kept_extra;
+  auto* words = static_cast<float*>(saved);
+  std::memcpy(words, kept, 4 * static_cast<std::size_t>(kept_words));
+  float* extra = words + kStampWords + config_.width;
+  for (int k = kept_extra; k < config_.extra_words * (chunk + 1); ++k) {
+    const std::uint32_t word = ExtraWord(VirtualStage(chunk), k);
+    std::memcpy(extra + k, &word, 4);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ToyStageModel::RunForward(int mb, int chunk, const void* input, void* output,
+                                       float* words, int extra_words) {
   const int n = config_.width;
   const int l = VirtualStage(chunk);
   const int last = config_.num_stages * config_.chunks_per_stage - 1;
@@ -84,7 +149,6 @@ absl::Status ToyStageModel::Forward(int mb, int chunk, const void* input, void* 
                                             " got input ", input != nullptr, ", output ",
                                             output != nullptr));
   }
-  auto* words = static_cast<float*>(saved);
   const std::uint32_t stamp[kStampWords] = {static_cast<std::uint32_t>(mb),
                                             static_cast<std::uint32_t>(chunk), kStampMagic};
   std::memcpy(words, stamp, sizeof(stamp));
@@ -93,7 +157,7 @@ absl::Status ToyStageModel::Forward(int mb, int chunk, const void* input, void* 
     x[i] = input != nullptr ? static_cast<const float*>(input)[i] : ToyInput(mb, i);
   }
   float* extra = x + n;
-  for (int k = 0; k < config_.extra_words * (chunk + 1); ++k) {
+  for (int k = 0; k < extra_words; ++k) {
     const std::uint32_t word = ExtraWord(l, k);
     std::memcpy(extra + k, &word, 4);
   }

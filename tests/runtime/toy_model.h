@@ -8,6 +8,9 @@
 // The stash entry holds a stamp (mb, chunk, magic), x, dy when the backward is split (B leaves
 // it for W), and `extra_words(chunk)` words of a pattern B checks, so every byte of the entry
 // must survive offload and reload.
+// Recompute: kFull keeps the stamp and x (the chunk's input); kLean also keeps the first half
+// of the extra words. RecomputeSaved rebuilds the rest, so a recomputed entry is bitwise the
+// entry Forward writes.
 #ifndef PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
 #define PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
 
@@ -53,6 +56,11 @@ class ToyStageModel final : public StageModel {
   absl::Status Backward(int mb, int chunk, const void* grad_output, void* grad_input,
                         void* saved, bool with_weight_grad) override;
   absl::Status BackwardWeight(int mb, int chunk, void* saved) override;
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool split_backward) const override;
+  absl::Status ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                void* retained, Recompute mode) override;
+  absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                              Recompute mode) override;
 
   // Gradients of chunk c (virtual stage c * p + stage).
   const ToyGrads& grads(int chunk) const { return grads_[static_cast<std::size_t>(chunk)]; }
@@ -65,7 +73,12 @@ class ToyStageModel final : public StageModel {
         .virtual_stage(stage_, chunk);
   }
   std::int64_t Words(int chunk, bool split) const;
+  // Extra words an entry of `chunk` holds: all of them, or the ones `mode` keeps.
+  int KeptExtraWords(int chunk, Recompute mode) const;
   absl::Status CheckStamp(int mb, int chunk, const float* saved, bool split) const;
+  // Forward writing the stamp, x and the first `extra` extra words to `words`.
+  absl::Status RunForward(int mb, int chunk, const void* input, void* output, float* words,
+                          int extra);
 
   const ToyConfig config_;
   const int stage_;

@@ -45,6 +45,12 @@ void RequireSameCost(const CostModel& a, const CostModel& b) {
   CHECK(a.p2p_shares_host_link == b.p2p_shares_host_link);
   CHECK(a.host_link_group_size == b.host_link_group_size);
   CHECK(Bits(a.reload_margin_in_backward_times) == Bits(b.reload_margin_in_backward_times));
+  CHECK(Bits(a.recompute_full_time) == Bits(b.recompute_full_time));
+  CHECK(Bits(a.recompute_lean_time) == Bits(b.recompute_lean_time));
+  CHECK(a.retained_full_bytes == b.retained_full_bytes);
+  CHECK(a.retained_lean_bytes == b.retained_lean_bytes);
+  CHECK(a.retained_full_bytes_per_virtual_stage == b.retained_full_bytes_per_virtual_stage);
+  CHECK(a.retained_lean_bytes_per_virtual_stage == b.retained_lean_bytes_per_virtual_stage);
 }
 
 // Every field moved away from its default, to values that are hard to print exactly.
@@ -66,6 +72,12 @@ CostModel AwkwardCost() {
   cost.p2p_shares_host_link = true;
   cost.host_link_group_size = 4;
   cost.reload_margin_in_backward_times = 0.7;
+  cost.recompute_full_time = 0.1 + 0.7;
+  cost.recompute_lean_time = -0.0;
+  cost.retained_full_bytes = (std::int64_t{1} << 53) + 3;
+  cost.retained_lean_bytes = 7;
+  cost.retained_full_bytes_per_virtual_stage = {-1, 0, 5};
+  cost.retained_lean_bytes_per_virtual_stage = {9, 0};
   return cost;
 }
 
@@ -107,7 +119,13 @@ TEST_CASE("cost model JSON keys are the field names", "[io][cost]") {
                                        "p2p_latency",
                                        "p2p_shares_host_link",
                                        "host_link_group_size",
-                                       "reload_margin_in_backward_times"};
+                                       "reload_margin_in_backward_times",
+                                       "recompute_full_time",
+                                       "recompute_lean_time",
+                                       "retained_full_bytes",
+                                       "retained_lean_bytes",
+                                       "retained_full_bytes_per_virtual_stage",
+                                       "retained_lean_bytes_per_virtual_stage"};
   std::sort(expected.begin(), expected.end());
   CHECK(keys == expected);
   CHECK(doc["forward_time"] == 1.0);
@@ -154,7 +172,9 @@ TEST_CASE("cost model JSON errors name the key", "[io][cost]") {
                 "activation_bytes_per_virtual_stage, boundary_bytes, d2h_bandwidth, "
                 "h2d_bandwidth, duplex_bandwidth, shared_copy_engine, p2p_bandwidth, "
                 "p2p_latency, p2p_shares_host_link, host_link_group_size, "
-                "reload_margin_in_backward_times");
+                "reload_margin_in_backward_times, recompute_full_time, recompute_lean_time, "
+                "retained_full_bytes, retained_lean_bytes, "
+                "retained_full_bytes_per_virtual_stage, retained_lean_bytes_per_virtual_stage");
   }
   SECTION("wrong types name the expected type") {
     ExpectError(R"({"forward_time": "1"})", "forward_time: expected a number");
@@ -180,8 +200,13 @@ TEST_CASE("cost model JSON errors name the key", "[io][cost]") {
     ExpectError(R"({"duplex_bandwidth": "NaN"})", "duplex_bandwidth: must be > 0, got nan");
     ExpectError(R"({"p2p_bandwidth": 0.0})", "p2p_bandwidth: must be > 0, got 0");
     ExpectError(R"({"p2p_latency": -1e-9})", "p2p_latency: must be finite and >= 0");
+    ExpectError(R"({"recompute_lean_time": "Infinity"})",
+                "recompute_lean_time: must be finite (negative: derived), got inf");
     ExpectError(R"({"reload_margin_in_backward_times": -0.5})",
                 "reload_margin_in_backward_times: must be finite and >= 0, got -0.5");
+    ExpectError(R"({"retained_lean_bytes": -1})", "retained_lean_bytes: must be >= 0, got -1");
+    ExpectError(R"({"retained_full_bytes_per_virtual_stage": [0, -2]})",
+                "retained_full_bytes_per_virtual_stage[1]: must be >= -1, got -2");
     ExpectError(R"({"stage_time_scale": [1, -1]})",
                 "stage_time_scale[1]: must be finite and >= 0, got -1");
   }

@@ -48,6 +48,8 @@ inline Op Offload(int mb, int c = 0) { return {OpKind::kOffload, mb, c, -1}; }
 inline Op Release(int mb, int c = 0) { return {OpKind::kRelease, mb, c, -1}; }
 inline Op Reload(int mb, int c = 0) { return {OpKind::kReload, mb, c, -1}; }
 inline Op Barrier(int peer) { return {OpKind::kBarrier, -1, -1, peer}; }
+inline Op RecomputeFull(int mb, int c = 0) { return {OpKind::kRecompute, mb, c, -1}; }
+inline Op RecomputeLean(int mb, int c = 0) { return {OpKind::kRecomputeLean, mb, c, -1}; }
 
 inline Schedule Make(int p, int m, int v, bool split, std::vector<std::vector<Op>> programs) {
   Schedule schedule;

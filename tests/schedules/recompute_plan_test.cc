@@ -1,0 +1,262 @@
+// Recompute in the compiler and the simulator (issue 15): the pass puts one RECOMPUTE* right
+// before B of exactly the entries the spec picks (all, a fraction longest-lived first, or the
+// first chunks); the simulator charges the recompute time on the compute stream and holds the
+// retained bytes from F, both blocks during the recompute, the full entry after; specs without
+// recompute compile to the same schedules as before; auto trades recompute against offload.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeoffload/compiler.h"
+#include "pipeoffload/schedule_io.h"
+#include "pipeoffload/simulate.h"
+#include "pipeoffload/validate.h"
+#include "tests/testing/catch.h"
+#include "tests/testing/schedule_builders.h"
+
+namespace pipeoffload {
+namespace {
+
+using namespace ::pipeoffload::testing;  // F(...), B(...), Make(...)
+
+int Count(const Schedule& schedule, OpKind kind) {
+  int count = 0;
+  for (const StageProgram& program : schedule.stages) {
+    for (const Op& op : program.ops) count += op.kind == kind ? 1 : 0;
+  }
+  return count;
+}
+
+TEST_CASE("cost model recompute fields derive from the others", "[recompute][cost]") {
+  CostModel cost;
+  cost.forward_time = 2.0;
+  cost.boundary_bytes = 640;
+  cost.stage_time_scale = {1.0, 3.0};
+  const VirtualStageMap map{Placement::kLoop, 2, 1};
+  CHECK(cost.RecomputeTime(0, Recompute::kFull) == 2.0);
+  CHECK(cost.RecomputeTime(1, Recompute::kFull) == 6.0);
+  CHECK(cost.RecomputeTime(1, Recompute::kLean) == kLeanRecomputeShare * 6.0);
+  CHECK(cost.RecomputeTime(1, Recompute::kNone) == 0.0);
+  CHECK(cost.RetainedBytes(0, 0, map, Recompute::kFull) == 640);
+  CHECK(cost.RetainedBytes(0, 0, map, Recompute::kLean) == 0);
+  CHECK(cost.RetainedBytes(0, 0, map, Recompute::kNone) == cost.activation_bytes);
+  CHECK(cost.RecomputeOffered(0, 0, map, Recompute::kFull));
+  CHECK_FALSE(cost.RecomputeOffered(0, 0, map, Recompute::kLean));
+  cost.recompute_lean_time = 0.5;
+  cost.retained_lean_bytes = 100;
+  cost.retained_full_bytes_per_virtual_stage = {-1, 0};
+  CHECK(cost.RecomputeTime(1, Recompute::kLean) == 1.5);
+  CHECK(cost.RetainedBytes(0, 0, map, Recompute::kFull) == 640);  // -1 derives
+  CHECK(cost.RetainedBytes(1, 0, map, Recompute::kFull) == 0);    // 0: not offered on stage 1
+  CHECK_FALSE(cost.RecomputeOffered(1, 0, map, Recompute::kFull));
+  CHECK(cost.RecomputeOffered(1, 0, map, Recompute::kLean));
+  const CostModel unit = UnitCostModel(0.5);
+  CHECK(unit.RecomputeTime(0, Recompute::kFull) == 1.0);
+  CHECK(unit.RecomputeTime(0, Recompute::kLean) == 0.25);
+  CHECK(unit.RetainedBytes(0, 0, map, Recompute::kFull) == (1 << 20) / 16);
+  CHECK(unit.RetainedBytes(0, 0, map, Recompute::kLean) == (1 << 20) / 2);
+  const CostModel gpt = EstimateGptCostModel(GptShape{});
+  CHECK(gpt.RecomputeTime(0, Recompute::kFull) == gpt.forward_time);
+  CHECK(gpt.RetainedBytes(0, 0, map, Recompute::kFull) == gpt.boundary_bytes);
+  CHECK(gpt.RetainedBytes(0, 0, map, Recompute::kLean) * 34 == gpt.activation_bytes * 22);
+  CHECK(gpt.RecomputeTime(0, Recompute::kLean) < 0.05 * gpt.forward_time);
+}
+
+TEST_CASE("the simulator charges recompute time and holds retained bytes until it ends",
+          "[recompute][sim]") {
+  // One stage, F0 F1 RECOMPUTE0 B0 RECOMPUTE_LEAN1 B1 with F = 1, B = 1, full 0.5, lean 0.25.
+  Schedule s = Make(1, 2, 1, false,
+                    {{F(0), F(1), RecomputeFull(0), B(0), RecomputeLean(1), B(1)}});
+  REQUIRE(Validate(s).ok());
+  CostModel cost = HandTimedCosts();
+  cost.activation_bytes = 100;
+  cost.recompute_full_time = 0.5;
+  cost.recompute_lean_time = 0.25;
+  cost.retained_full_bytes = 10;
+  cost.retained_lean_bytes = 40;
+  absl::StatusOr<Timeline> timeline = Simulate(s, cost);
+  INFO(timeline.status().ToString());
+  REQUIRE(timeline.ok());
+  const std::vector<TimedOp>& ops = timeline->stages[0];
+  const double ends[] = {1.0, 2.0, 2.5, 3.5, 3.75, 4.75};
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    CAPTURE(i);
+    CHECK(ops[i].end == ends[i]);
+    CHECK(ops[i].engine == Engine::kCompute);
+  }
+  const StagePrediction& stage = timeline->predictions.stages[0];
+  CHECK(timeline->predictions.step_time == 4.75);
+  CHECK(stage.busy_time == 4.75);
+  // 10 + 40 after the Fs; + 100 while RECOMPUTE0 runs; B0 frees 100; + 100 while the lean
+  // recompute runs with its 40 still held.
+  CHECK(stage.peak_bytes == 150);
+  CHECK(stage.peak_units == 2);
+  CHECK(stage.peak_bytes_without_offload == 150);
+  std::vector<std::int64_t> bytes;
+  for (const MemorySample& sample : timeline->memory[0]) bytes.push_back(sample.bytes);
+  CHECK(bytes == std::vector<std::int64_t>{10, 50, 150, 140, 40, 140, 100, 0});
+}
+
+TEST_CASE("the recompute pass puts each op right before its entry's B", "[recompute][compile]") {
+  PipelineSpec spec = MakeSpec(Family::kInterleaved, 2, 4, 2, 0, true);
+  const CostModel cost = UnitCostModel(0.5);
+  absl::StatusOr<Schedule> plain = Compile(spec, cost);
+  REQUIRE(plain.ok());
+  // Without recompute the spec writes no recompute key.
+  CHECK(ScheduleToJson(*plain).find("recompute") == std::string::npos);
+  CHECK(ScheduleToText(*plain).find("recompute") == std::string::npos);
+  for (const Recompute mode : {Recompute::kLean, Recompute::kFull}) {
+    spec.recompute = mode;
+    absl::StatusOr<Schedule> recomputed = Compile(spec, cost);
+    INFO(recomputed.status().ToString());
+    REQUIRE(recomputed.ok());
+    const OpKind kind = mode == Recompute::kFull ? OpKind::kRecompute : OpKind::kRecomputeLean;
+    CHECK(Count(*recomputed, kind) == 2 * 4 * 2);
+    for (std::size_t d = 0; d < recomputed->stages.size(); ++d) {
+      // Without the recompute ops, the programs are the plain ones.
+      std::vector<Op> others;
+      const std::vector<Op>& ops = recomputed->stages[d].ops;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        if (!IsRecompute(ops[i].kind)) {
+          others.push_back(ops[i]);
+          continue;
+        }
+        REQUIRE(i + 1 < ops.size());
+        CHECK(ops[i + 1] == Op{OpKind::kBackward, ops[i].mb, ops[i].chunk, -1});
+      }
+      CHECK(others == plain->stages[d].ops);
+    }
+    // Recompute lowers the peak of stage 0, which holds the most entries, and costs time.
+    CHECK(recomputed->predictions->stages[0].peak_bytes <
+          plain->predictions->stages[0].peak_bytes);
+    CHECK(recomputed->predictions->step_time > plain->predictions->step_time);
+    // The text form says so; the JSON carries the ops and the spec's recompute keys.
+    CHECK(ScheduleToText(*recomputed).find(std::string(" recompute=") + RecomputeName(mode) +
+                                           " recompute-fraction=1") != std::string::npos);
+    const std::string json = ScheduleToJson(*recomputed);
+    const nlohmann::json doc = nlohmann::json::parse(json);
+    CHECK(doc["spec"]["recompute"] == RecomputeName(mode));
+    CHECK(doc["spec"]["recompute_fraction"] == 1.0);
+    CHECK(doc["spec"]["recompute_chunks"] == 0);
+    absl::StatusOr<Schedule> parsed = ParseScheduleJson(json);
+    REQUIRE(parsed.ok());
+    CHECK(parsed->spec == recomputed->spec);
+    CHECK(parsed->stages == recomputed->stages);
+    std::string bad = json;
+    const std::string key = std::string("\"recompute\": \"") + RecomputeName(mode) + "\"";
+    bad.replace(bad.find(key), key.size(), "\"recompute\": \"some\"");
+    CHECK(std::string(ParseScheduleJson(bad).status().message())
+              .find("spec.recompute: unknown recompute mode \"some\"; expected one of none, "
+                    "lean, full") != std::string::npos);
+  }
+}
+
+TEST_CASE("recompute picks a fraction longest-lived first, or the first chunks",
+          "[recompute][compile]") {
+  PipelineSpec spec = MakeSpec(Family::kInterleaved, 2, 4, 2);
+  spec.recompute = Recompute::kFull;
+  spec.recompute_chunks = 1;
+  absl::StatusOr<Schedule> chunks = Compile(spec, UnitCostModel(0.5));
+  REQUIRE(chunks.ok());
+  for (const StageProgram& program : chunks->stages) {
+    int count = 0;
+    for (const Op& op : program.ops) {
+      if (!IsRecompute(op.kind)) continue;
+      CHECK(op.chunk == 0);
+      ++count;
+    }
+    CHECK(count == 4);
+  }
+  spec.recompute_chunks = 0;
+  spec.recompute_fraction = 0.25;  // 2 of each stage's 8 entries
+  absl::StatusOr<Schedule> fraction = Compile(spec, UnitCostModel(0.5));
+  REQUIRE(fraction.ok());
+  spec.recompute = Recompute::kNone;
+  absl::StatusOr<Schedule> plain = Compile(spec, UnitCostModel(0.5));
+  REQUIRE(plain.ok());
+  for (std::size_t d = 0; d < plain->stages.size(); ++d) {
+    // Lifespans (F to B, in ops) in the plain program; the chosen entries live longest.
+    std::map<std::pair<int, int>, int> span;
+    const std::vector<Op>& ops = plain->stages[d].ops;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind == OpKind::kForward) span[{ops[i].mb, ops[i].chunk}] -= static_cast<int>(i);
+      if (ops[i].kind == OpKind::kBackward) span[{ops[i].mb, ops[i].chunk}] += static_cast<int>(i);
+    }
+    std::map<std::pair<int, int>, bool> chosen;
+    for (const Op& op : fraction->stages[d].ops) {
+      if (IsRecompute(op.kind)) chosen[{op.mb, op.chunk}] = true;
+    }
+    CHECK(chosen.size() == 2);
+    int shortest_chosen = 1 << 30, longest_kept = -1;
+    for (const auto& [entry, length] : span) {
+      if (chosen.count(entry) != 0) {
+        shortest_chosen = std::min(shortest_chosen, length);
+      } else {
+        longest_kept = std::max(longest_kept, length);
+      }
+    }
+    CHECK(shortest_chosen >= longest_kept);
+  }
+}
+
+TEST_CASE("recompute spec errors say what is accepted", "[recompute][compile]") {
+  PipelineSpec spec = MakeSpec(Family::k1F1B, 2, 4, 1);
+  spec.recompute = Recompute::kLean;
+  CostModel cost = UnitCostModel(0.5);
+  cost.retained_lean_bytes = 0;
+  absl::Status status = Compile(spec, cost).status();
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()) ==
+        "recompute lean: the cost model offers it for no entry of chunk 0 on stage 0 "
+        "(retained_lean_bytes is 0 there); give the retained bytes or choose another mode");
+  spec.recompute_fraction = 0.0;
+  CHECK(std::string(Compile(spec, UnitCostModel(0.5)).status().message()) ==
+        "recompute_fraction must be in (0, 1], got 0");
+  spec.recompute_fraction = 1.0;
+  spec.recompute_chunks = 2;
+  CHECK(std::string(Compile(spec, UnitCostModel(0.5)).status().message()) ==
+        "recompute_chunks must be in [0, v] = [0, 1], got 2");
+  spec.recompute_chunks = 0;
+  spec.offload = OffloadPolicy::kHalf;
+  CHECK(std::string(Compile(spec, UnitCostModel(0.5)).status().message()) ==
+        "recompute lean with offload po-h: one choice per entry; use offload auto to mix "
+        "offload and recompute per entry");
+}
+
+TEST_CASE("auto may recompute when the link cannot carry the offload", "[recompute][auto]") {
+  // A slow link (k = 4: an entry's copy takes 12 F) makes offload expensive; a full recompute
+  // costs one F per entry.
+  PipelineSpec spec = MakeSpec(Family::k1F1B, 4, 8, 1);
+  spec.offload = OffloadPolicy::kAuto;
+  const CostModel cost = UnitCostModel(4.0);
+  absl::StatusOr<Schedule> plain = Compile(MakeSpec(Family::k1F1B, 4, 8, 1), cost);
+  REQUIRE(plain.ok());
+  spec.memory_budget_bytes = plain->predictions->stages[0].peak_bytes / 2;
+  absl::StatusOr<Schedule> offload_only = Compile(spec, cost);
+  spec.recompute = Recompute::kFull;
+  std::vector<std::string> alternatives;
+  absl::StatusOr<Schedule> with_recompute = Compile(spec, cost);
+  INFO(with_recompute.status().ToString());
+  REQUIRE(with_recompute.ok());
+  CHECK(Count(*with_recompute, OpKind::kRecompute) +
+            Count(*with_recompute, OpKind::kRecomputeLean) >
+        0);
+  for (const StagePrediction& stage : with_recompute->predictions->stages) {
+    CHECK(stage.peak_bytes <= spec.memory_budget_bytes);
+  }
+  if (offload_only.ok()) {
+    CHECK(with_recompute->predictions->step_time < offload_only->predictions->step_time);
+  }
+  // Without --recompute, auto plans exactly as before.
+  spec.recompute = Recompute::kNone;
+  absl::StatusOr<Schedule> again = Compile(spec, cost);
+  REQUIRE(again.ok() == offload_only.ok());
+  if (again.ok()) CHECK(again->stages == offload_only->stages);
+}
+
+}  // namespace
+}  // namespace pipeoffload
