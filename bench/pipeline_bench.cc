@@ -81,6 +81,7 @@ gpt::cuda::LayerStackShape GptShape(const BenchOptions& options, const Layout& l
   shape.chunks_per_stage = layout.chunks;
   shape.seed = kSeed;
   shape.lean_saved = options.lean_saved;
+  shape.recompute = PlansRecompute(options);
   return shape;
 }
 #else
@@ -124,6 +125,8 @@ ChunkCosts EstimatedCosts(const BenchOptions& options, const Layout& layout) {
     const gpt::cuda::LayerStackShape shape = GptShape(options, layout);
     costs.saved_bytes = shape.SavedBytes();
     costs.boundary_bytes = shape.BoundaryBytes();
+    costs.retained_full_bytes = shape.RetainedBytes(Recompute::kFull);
+    costs.retained_lean_bytes = shape.RetainedBytes(Recompute::kLean);
   }
 #endif
   return costs;
@@ -228,6 +231,23 @@ class EventTimedModel final : public StageModel {
     PO_RETURN_IF_ERROR(inner_.BackwardWeight(mb, chunk, saved));
     return Mark();
   }
+  // Recompute: ForwardRetaining stands for an F and RecomputeSaved is its own op (IsCompute),
+  // so each is one timed call like the others.
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool split) const override {
+    return inner_.RetainedBytes(chunk, mode, split);
+  }
+  absl::Status ForwardRetaining(int mb, int chunk, const void* input, void* output, void* retained,
+                                Recompute mode) override {
+    PO_RETURN_IF_ERROR(Mark());
+    PO_RETURN_IF_ERROR(inner_.ForwardRetaining(mb, chunk, input, output, retained, mode));
+    return Mark();
+  }
+  absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                              Recompute mode) override {
+    PO_RETURN_IF_ERROR(Mark());
+    PO_RETURN_IF_ERROR(inner_.RecomputeSaved(mb, chunk, retained, saved, mode));
+    return Mark();
+  }
 
  private:
   absl::Status Mark() {
@@ -242,6 +262,51 @@ class EventTimedModel final : public StageModel {
   std::vector<Event> events_;
   std::size_t next_ = 0;
 };
+
+// Seconds of RecomputeSaved(mb 0, chunk 0, mode) on the compute queue (median of `reps` after
+// one untimed), from a block ForwardRetaining wrote on pseudo-random input: what the planner
+// charges a RECOMPUTE / RECOMPUTE_LEAN op. 0 when the model does not offer `mode`.
+absl::StatusOr<double> MeasureRecompute(Backend& backend, StageModel& model, Recompute mode,
+                                        int reps) {
+  const std::int64_t retained_bytes = model.RetainedBytes(0, mode, false);
+  if (retained_bytes <= 0) return 0.0;
+  std::vector<void*> blocks;
+  std::vector<Event> events;
+  const auto release = [&] {
+    static_cast<void>(backend.Synchronize(kWaitTimeoutSeconds));
+    for (void* block : blocks) backend.FreeDevice(block);
+    for (const Event& event : events) backend.DestroyEvent(event);
+  };
+  const auto measure = [&]() -> absl::StatusOr<double> {
+    for (const std::int64_t bytes : {model.BoundaryBytes(), model.BoundaryBytes(), retained_bytes,
+                                     model.SavedBytes(0, false)}) {
+      PO_ASSIGN_OR_RETURN(void* block, backend.AllocateDevice(bytes));
+      blocks.push_back(block);
+    }
+    PO_RETURN_IF_ERROR(FillRandomBf16(backend, blocks[0], model.BoundaryBytes(), 1.0f, kSeed));
+    PO_RETURN_IF_ERROR(model.ForwardRetaining(0, 0, blocks[0], blocks[1], blocks[2], mode));
+    for (int i = 0; i < 2; ++i) {
+      PO_ASSIGN_OR_RETURN(const Event event, backend.CreateEvent());
+      events.push_back(event);
+    }
+    const Queue compute = backend.queue(QueueKind::kCompute);
+    std::vector<double> seconds;
+    for (int rep = 0; rep <= reps; ++rep) {
+      PO_RETURN_IF_ERROR(backend.RecordEvent(events[0], compute));
+      PO_RETURN_IF_ERROR(model.RecomputeSaved(0, 0, blocks[2], blocks[3], mode));
+      PO_RETURN_IF_ERROR(backend.RecordEvent(events[1], compute));
+      PO_RETURN_IF_ERROR(backend.WaitEvent(events[1], kWaitTimeoutSeconds));
+      PO_ASSIGN_OR_RETURN(const double start, backend.EventTime(events[0]));
+      PO_ASSIGN_OR_RETURN(const double end, backend.EventTime(events[1]));
+      if (rep > 0) seconds.push_back(end - start);  // the first: untimed
+    }
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
+  };
+  absl::StatusOr<double> seconds = measure();
+  release();
+  return seconds;
+}
 
 // Length of the union of `spans`.
 double UnionLength(SpanList spans) {
@@ -488,9 +553,15 @@ absl::Status Bench(const BenchOptions& options) {
   PO_ASSIGN_OR_RETURN(costs.times, MeasureChunkTimes(backend, model, timing));
   costs.saved_bytes = model.SavedBytes(0, false);
   costs.boundary_bytes = model.BoundaryBytes();
+  costs.retained_full_bytes = model.RetainedBytes(0, Recompute::kFull, false);
+  costs.retained_lean_bytes = model.RetainedBytes(0, Recompute::kLean, false);
   run.forward_s = costs.times.forward;
   run.backward_s = costs.times.backward;
   run.entry_bytes = costs.saved_bytes;
+  PO_ASSIGN_OR_RETURN(costs.recompute_full_s,
+                      MeasureRecompute(backend, model, Recompute::kFull, options.reps));
+  PO_ASSIGN_OR_RETURN(costs.recompute_lean_s,
+                      MeasureRecompute(backend, model, Recompute::kLean, options.reps));
   LinkFigures link;
   if (options.pcie_gbs > 0 && options.duplex_gbs > 0) {
     link = LinkFigures{options.pcie_gbs * 1e9, options.pcie_gbs * 1e9, options.duplex_gbs * 1e9};
@@ -501,10 +572,11 @@ absl::Status Bench(const BenchOptions& options) {
   run.h2d_gbs = link.h2d / 1e9;
   run.duplex_gbs = link.duplex / 1e9;
   std::fprintf(stderr,
-               "pipeline_bench: h=%d GEMM %.0f TFLOP/s, chunk F %.3f ms B %.3f ms, link %.1f / "
-               "%.1f / %.1f GB/s\n",
+               "pipeline_bench: h=%d GEMM %.0f TFLOP/s, chunk F %.3f ms B %.3f ms, recompute "
+               "full %.3f ms lean %.3f ms (0: not offered), link %.1f / %.1f / %.1f GB/s\n",
                options.hidden, run.gemm_flops / 1e12, costs.times.forward * 1e3,
-               costs.times.backward * 1e3, run.d2h_gbs, run.h2d_gbs, run.duplex_gbs);
+               costs.times.backward * 1e3, costs.recompute_full_s * 1e3,
+               costs.recompute_lean_s * 1e3, run.d2h_gbs, run.h2d_gbs, run.duplex_gbs);
   // Each policy planned alone: one that cannot be planned (auto over its budget) is reported,
   // and the others still run.
   std::int64_t budget = static_cast<std::int64_t>(options.budget_gb * 1e9);
@@ -552,6 +624,8 @@ absl::Status Bench(const BenchOptions& options) {
         ChunkCosts rebuilt =
             RescaleChunk(costs, options.layers_per_chunk, plan.layout.layers_per_chunk);
         rebuilt.saved_bytes = (*rigs)[0].model->SavedBytes(0, false);
+        rebuilt.retained_full_bytes = (*rigs)[0].model->RetainedBytes(0, Recompute::kFull, false);
+        rebuilt.retained_lean_bytes = (*rigs)[0].model->RetainedBytes(0, Recompute::kLean, false);
         absl::StatusOr<PlannedPolicy> replanned = PlanPolicy(
             options, plan.name, rebuilt, plan.layout.layers_per_chunk, link, budget);
         if (!replanned.ok()) {

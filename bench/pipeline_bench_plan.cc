@@ -47,13 +47,19 @@ absl::Status ParseDoubleFlag(const std::string& flag, const std::string& value, 
 
 bool KnownBase(const std::string& name) {
   return name == "1f1b" || name == "none" || name == "po-h" || name == "po-f" ||
-         name == "selective" || name == "auto";
+         name == "selective" || name == "auto" || name == "recompute-full" ||
+         name == "recompute-lean";
+}
+
+bool IsRecomputePolicy(const std::string& base) {
+  return base == "recompute-full" || base == "recompute-lean";
 }
 
 bool KnownPolicy(const std::string& name) {
   const PolicyName split = SplitPolicyName(name);
   if (!KnownBase(split.base)) return false;
-  const bool offloads = split.base != "1f1b" && split.base != "none";
+  const bool offloads =
+      split.base != "1f1b" && split.base != "none" && !IsRecomputePolicy(split.base);
   if (split.scale < 0.0 || (!offloads && (split.scale != 0.0 || split.link_suffix))) return false;
   return split.scale == 0.0 || split.scale >= 1.0;
 }
@@ -66,8 +72,10 @@ PipelineSpec PolicySpec(const BenchOptions& options, const std::string& name,
   spec.num_stages = options.stages;
   spec.num_microbatches = options.Microbatches();
   spec.chunks_per_stage = layout.chunks;
-  if (policy == "1f1b" || policy == "none") {
+  if (policy == "1f1b" || policy == "none" || IsRecomputePolicy(policy)) {
     spec.offload = OffloadPolicy::kNone;
+    if (policy == "recompute-full") spec.recompute = Recompute::kFull;
+    if (policy == "recompute-lean") spec.recompute = Recompute::kLean;
   } else {
     spec.offload = *OffloadPolicyFromName(policy);
   }
@@ -104,7 +112,9 @@ const char kBenchUsage[] =
     "   recompute LayerNorm outputs and GELU before the weight gradients)\n"
     "  [--layers-per-chunk=1] [--microbatches=4p] [--stages=4]\n"
     "  [--family=1f1b|interleaved|group-interleaved] [--chunks=1]\n"
-    "  [--policy=P | --policies=P,P,...|all] (P: 1f1b|none|po-h|po-f|selective|auto, an\n"
+    "  [--policy=P | --policies=P,P,...|all] (P: 1f1b|none|po-h|po-f|selective|auto|\n"
+    "   recompute-full|recompute-lean (every entry recomputed before its B from the chunk's\n"
+    "   input / the lean layout; auto may recompute too where the model offers it), an\n"
     "   offload policy optionally @C to plan it at compute factor C and/or :shared to plan it\n"
     "   on one link shared by the p stages (BARRIER hand-overs) instead of the default link\n"
     "   split p ways (:split, accepted, is the default); all = 1f1b,none,po-h,po-f,selective,\n"
@@ -118,6 +128,7 @@ const char kBenchUsage[] =
     "   the cap: released blocks may use any free arena memory meanwhile)\n"
     "  [--p2p-reserve=plan|worst] (each arena's room for P2P buffers: the peak of their\n"
     "   lifetimes across stages, which the executor then holds to, or every buffer of the step)\n"
+
     "  [--out=MD] [--json=JSONL] [--trace-dir=DIR] [--dry-run [--forward-ms=F --backward-ms=B]]\n"
     "  or: pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n";
 
@@ -172,7 +183,8 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
         for (const std::string& one : names) {
           if (!KnownPolicy(one)) {
             return BadFlag(flag, value,
-                           "1f1b, none, po-h, po-f, selective, auto or all (comma-separated; "
+                           "1f1b, none, po-h, po-f, selective, auto, recompute-full, "
+                           "recompute-lean or all (comma-separated; "
                            "an offload policy may end in @C, C >= 1, and in :shared or :split)");
           }
           if (std::find(options.policies.begin(), options.policies.end(), one) ==
@@ -258,7 +270,21 @@ ChunkCosts RescaleChunk(const ChunkCosts& costs, int from_layers, int to_layers)
   out.times.forward *= factor;
   out.times.backward *= factor;
   out.saved_bytes = costs.saved_bytes / from_layers * to_layers;
+  out.recompute_full_s *= factor;
+  out.recompute_lean_s *= factor;
+  // Full recompute keeps the chunk's input whatever its depth; lean keeps a part of each layer.
+  if (costs.retained_lean_bytes > 0) {
+    out.retained_lean_bytes = costs.retained_lean_bytes / from_layers * to_layers;
+  }
   return out;
+}
+
+bool PlansRecompute(const BenchOptions& options) {
+  for (const std::string& name : options.policies) {
+    const std::string base = SplitPolicyName(name).base;
+    if (IsRecomputePolicy(base) || base == "auto") return true;
+  }
+  return false;
 }
 
 CostModel SoloCostModel(const BenchOptions& options, const Layout& layout,
@@ -273,13 +299,18 @@ CostModel SoloCostModel(const BenchOptions& options, const Layout& layout,
   cost.p2p_bandwidth = 1e12;  // device-to-device on one GPU (~2 TB/s read + write)
   cost.p2p_latency = 10e-6;   // the copier's launch and host poll
   cost.host_link_group_size = options.stages;
+  if (costs.recompute_full_s > 0) cost.recompute_full_time = costs.recompute_full_s;
+  if (costs.recompute_lean_s > 0) cost.recompute_lean_time = costs.recompute_lean_s;
   // Per-virtual-stage bytes also hold auto to this layout's v: the models are built for one
   // chunking, and auto would otherwise re-cut the layers into v' chunks.
-  return WithModelSizes(
-      cost, ModelSizes{std::vector<std::int64_t>(
-                           static_cast<std::size_t>(options.stages * layout.chunks),
-                           costs.saved_bytes),
-                       costs.boundary_bytes});
+  // Retained bytes <= 0: the model does not offer that recompute (WithModelSizes: 0 bytes).
+  const auto per_virtual_stage = [&](std::int64_t bytes) {
+    return std::vector<std::int64_t>(static_cast<std::size_t>(options.stages * layout.chunks),
+                                     bytes);
+  };
+  return WithModelSizes(cost, ModelSizes{per_virtual_stage(costs.saved_bytes), costs.boundary_bytes,
+                                         per_virtual_stage(costs.retained_full_bytes),
+                                         per_virtual_stage(costs.retained_lean_bytes)});
 }
 
 std::int64_t MaxPeakBytes(const Schedule& schedule) {
@@ -304,8 +335,12 @@ absl::StatusOr<PlannedPolicy> PlanPolicy(const BenchOptions& options, const std:
   plan_options.shared_gpu.compute_factor = name.scale > 0 ? name.scale : options.planner_scale;
   plan_options.shared_gpu.shared_link = name.shared_link;
   plan_options.shared_gpu.search_tolerance = options.sim_tolerance;
-  absl::StatusOr<Plan> planned =
-      PlanSchedule(PolicySpec(options, policy, layout, auto_budget), plan.solo, plan_options);
+  PipelineSpec spec = PolicySpec(options, policy, layout, auto_budget);
+  // auto's most per entry: keep, offload, lean or full, as far as the model offers them.
+  if (name.base == "auto" && (chunk.retained_full_bytes > 0 || chunk.retained_lean_bytes > 0)) {
+    spec.recompute = chunk.retained_full_bytes > 0 ? Recompute::kFull : Recompute::kLean;
+  }
+  absl::StatusOr<Plan> planned = PlanSchedule(spec, plan.solo, plan_options);
   if (!planned.ok()) return Annotate(planned.status(), absl::StrCat("policy ", policy));
   plan.schedule = std::move(planned->schedule);
   plan.shared = *planned->shared;
@@ -457,8 +492,14 @@ std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
     const P2PReserve reserve = options.p2p_reserve_worst ? P2PReserve::kWorstCase
                                                          : P2PReserve::kPlanned;
     const absl::StatusOr<std::vector<P2PLifetimes>> p2p = AnalyzeP2P(plan.schedule);
-    const ModelSizes sizes{plan.solo.activation_bytes_per_virtual_stage,
-                           plan.solo.boundary_bytes};
+    // The retained bytes back in the model's terms: the cost model's 0 is "not offered", -1.
+    const auto offered = [](std::vector<std::int64_t> bytes) {
+      for (std::int64_t& b : bytes) b = b > 0 ? b : -1;
+      return bytes;
+    };
+    const ModelSizes sizes{plan.solo.activation_bytes_per_virtual_stage, plan.solo.boundary_bytes,
+                           offered(plan.solo.retained_full_bytes_per_virtual_stage),
+                           offered(plan.solo.retained_lean_bytes_per_virtual_stage)};
     for (std::size_t d = 0; d < predicted.stages.size(); ++d) {
       const StagePrediction& stage = predicted.stages[d];
       const absl::StatusOr<ArenaNeed> arena = StageArenaNeed(

@@ -52,7 +52,10 @@ struct BenchOptions {
   // Each: 1f1b (1F1B, v = 1, no offload: the baseline), none (--family/--chunks, no offload),
   // po-h, po-f, selective, auto (on --family/--chunks; auto may pick another family); an
   // offload policy may end in @C to pin the planner's compute factor C and in :shared to plan
-  // on the one shared link (see the top and PolicyName).
+  // on the one shared link (see the top and PolicyName). recompute-full / recompute-lean: on
+  // --family/--chunks, every entry recomputed before its B (StageModel::ForwardRetaining /
+  // RecomputeSaved) with the chunk's input / the lean layout kept, no offload. auto may also
+  // choose recompute, per entry, where the model offers it (ChunkCosts::retained_*).
   std::vector<std::string> policies = {"1f1b"};
   double offload_fraction = 0.5;   // selective
   double budget_gb = 0.0;          // auto: per-stage activation budget in GB ...
@@ -127,7 +130,19 @@ struct ChunkCosts {
   ChunkTimes times;                 // alone on the GPU
   std::int64_t saved_bytes = 0;     // one stash entry
   std::int64_t boundary_bytes = 0;  // one P2P message
+  // StageModel::RetainedBytes(0, kFull / kLean): what F keeps of an entry recomputed that way;
+  // <= 0: the model does not offer it (the planner never chooses it).
+  std::int64_t retained_full_bytes = 0;
+  std::int64_t retained_lean_bytes = 0;
+  // Seconds of the model's RecomputeSaved(kFull / kLean) alone (the RECOMPUTE /
+  // RECOMPUTE_LEAN ops' durations); <= 0: the cost model derives them from the forward.
+  double recompute_full_s = 0.0;
+  double recompute_lean_s = 0.0;
 };
+
+// Whether some policy of `options` plans recompute (recompute-full, recompute-lean, auto): the
+// models are then built to offer it (LayerStackShape::recompute).
+bool PlansRecompute(const BenchOptions& options);
 
 // `costs` of a chunk of `from` layers, rescaled to chunks of `to` layers (times and saved bytes
 // are per layer times layers; the boundary stays).

@@ -329,6 +329,65 @@ TEST_CASE("policy names: base, @C and the link suffix", "[pipeline_bench]") {
   }
 }
 
+TEST_CASE("recompute policies: no offload, no @C, the model's retained bytes in the costs",
+          "[pipeline_bench]") {
+  absl::StatusOr<BenchOptions> options = Parse({"--stages=3", "--chunks=2", "--family=interleaved",
+                                                "--policies=recompute-full,recompute-lean"});
+  REQUIRE(options.ok());
+  CHECK(options->policies == std::vector<std::string>{"recompute-full", "recompute-lean"});
+  CHECK(PlansRecompute(*options));
+  CHECK(PolicyLayout(*options, "recompute-lean") == Layout{Family::kInterleaved, 2, 1});
+  CHECK(PlansRecompute(*Parse({"--policies=1f1b,auto"})));
+  CHECK(!PlansRecompute(*Parse({"--policies=1f1b,po-f,selective"})));
+  for (const std::string bad : {"recompute-full@2", "recompute-lean:shared", "recompute"}) {
+    CAPTURE(bad);
+    CHECK(!Parse({"--policies=" + bad}).ok());
+  }
+  // Retained bytes per virtual stage as the model reports them; <= 0 is "not offered" (0).
+  ChunkCosts costs = Chunk(1.0, 2.0, 64);
+  costs.retained_full_bytes = 4;
+  costs.retained_lean_bytes = -1;
+  const Layout layout{Family::kInterleaved, 2, 1};
+  const CostModel solo = SoloCostModel(*options, layout, costs, LinkFigures{1.0, 1.0, 1.0});
+  CHECK(solo.retained_full_bytes_per_virtual_stage == std::vector<std::int64_t>(6, 4));
+  CHECK(solo.retained_lean_bytes_per_virtual_stage == std::vector<std::int64_t>(6, 0));
+  // Rescaled to deeper chunks: full keeps the input whatever the depth, lean a part per layer.
+  costs.retained_lean_bytes = 24;
+  costs.recompute_full_s = 1.0;  // measured: the planner's RECOMPUTE durations, per layer
+  costs.recompute_lean_s = 0.125;
+  const CostModel timed = SoloCostModel(*options, layout, costs, LinkFigures{1.0, 1.0, 1.0});
+  CHECK(timed.RecomputeTime(0, Recompute::kFull) == 1.0);
+  CHECK(timed.RecomputeTime(0, Recompute::kLean) == 0.125);
+  const ChunkCosts deeper = RescaleChunk(costs, 1, 3);
+  CHECK(deeper.recompute_full_s == 3.0);
+  CHECK(deeper.recompute_lean_s == 0.375);
+  CHECK(deeper.saved_bytes == 192);
+  CHECK(deeper.retained_full_bytes == 4);
+  CHECK(deeper.retained_lean_bytes == 72);
+
+  // Planned: every entry recomputed before its B, in that mode, and stage 0's peak lower.
+  costs.retained_lean_bytes = 32;
+  costs.recompute_full_s = costs.recompute_lean_s = 0.0;
+  absl::StatusOr<PlannedPolicy> plain = PlanPolicy(*options, "none", costs, 1, LinkFigures{}, 0);
+  REQUIRE(plain.ok());
+  for (const auto& [policy, kind] : {std::pair{"recompute-full", OpKind::kRecompute},
+                                     std::pair{"recompute-lean", OpKind::kRecomputeLean}}) {
+    CAPTURE(policy);
+    absl::StatusOr<PlannedPolicy> plan = PlanPolicy(*options, policy, costs, 1, LinkFigures{}, 0);
+    REQUIRE(plan.ok());
+    int forwards = 0, recomputes = 0;
+    for (const StageProgram& program : plan->schedule.stages) {
+      for (const Op& op : program.ops) {
+        forwards += op.kind == OpKind::kForward ? 1 : 0;
+        recomputes += op.kind == kind ? 1 : 0;
+      }
+    }
+    CHECK(recomputes == forwards);
+    CHECK(plan->schedule.predictions->stages[0].peak_bytes <
+          plain->schedule.predictions->stages[0].peak_bytes);
+  }
+}
+
 TEST_CASE("--release: defer by default, wait or uncapped on request, nothing else",
           "[pipeline_bench]") {
   absl::StatusOr<BenchOptions> options = Parse({});

@@ -195,6 +195,15 @@ std::int64_t LayerStackShape::SavedBytes() const {
   return MakeLayerSavedLayout(DimsOf(*this)).bytes * layers_per_chunk;
 }
 
+std::int64_t LayerStackShape::RetainedBytes(Recompute mode) const {
+  if (!recompute) return -1;
+  if (mode == Recompute::kFull) return AlignSlot(BoundaryBytes());
+  if (mode != Recompute::kLean || lean_saved) return -1;
+  LayerDims lean = DimsOf(*this);
+  lean.lean_saved = true;
+  return MakeLayerSavedLayout(lean).bytes * layers_per_chunk;
+}
+
 std::int64_t LayerStackShape::BoundaryBytes() const {
   return std::int64_t{batch} * seq * hidden * 2;
 }

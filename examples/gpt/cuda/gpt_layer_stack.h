@@ -53,6 +53,10 @@ struct LayerStackShape {
   // The same with or without a split backward: W's inputs are kept in the stash only when the
   // schedule splits W, which the layer stack's SavedBytes(chunk, true) accounts for separately.
   std::int64_t SavedBytes() const;
+  // What the model's RetainedBytes(chunk, mode, ...) says, without a GPU: kFull the chunk's
+  // input (BoundaryBytes, slot-aligned), kLean layers_per_chunk lean layer regions; -1 without
+  // `recompute`, for kNone, and for kLean with lean_saved.
+  std::int64_t RetainedBytes(Recompute mode) const;
   // The activation between virtual stages: [batch, seq, hidden] bf16.
   std::int64_t BoundaryBytes() const;
   // FLOP of one chunk's forward, counted as the earlier tables did: per layer, the four linear
