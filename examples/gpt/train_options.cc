@@ -180,6 +180,33 @@ const std::vector<FlagDef>& Flags() {
        }},
       {"offload-chunks", "N", "selective: offload chunks 0..N-1 of every stage.",
        IntFlag(&TrainOptions::offload_chunks, "offload-chunks", 0)},
+      {"recompute", "MODE",
+       "none | lean | full: recompute activations before the backward instead of keeping "
+       "them. full keeps each chunk's input (2 C bytes per token on the GPU) and runs its "
+       "forward again (one more forward per entry); lean keeps all but the LayerNorm and GELU "
+       "outputs (20 C instead of 32 C) and recomputes those. With --schedule 1f1b, "
+       "interleaved or group-interleaved (no offload): every entry, or a share (below); with "
+       "--schedule auto: the most the planner may use per entry (keep, offload, lean, full).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         if (v != "none" && v != "lean" && v != "full") {
+           return BadValue("recompute", "none, lean or full", v);
+         }
+         o.recompute = v == "full"   ? Recompute::kFull
+                       : v == "lean" ? Recompute::kLean
+                                     : Recompute::kNone;
+         return absl::OkStatus();
+       }},
+      {"recompute-fraction", "X",
+       "with --recompute: share of each stage's entries to recompute, (0, 1], longest-lived "
+       "first (default 1: all).",
+       [](TrainOptions& o, const std::string& v) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(o.recompute_fraction,
+                             ParseDouble("recompute-fraction", v, 0.0, 1.0));
+         if (o.recompute_fraction <= 0) return BadValue("recompute-fraction", "in (0, 1]", v);
+         return absl::OkStatus();
+       }},
+      {"recompute-chunks", "N", "with --recompute: recompute every entry of chunks 0..N-1.",
+       IntFlag(&TrainOptions::recompute_chunks, "recompute-chunks", 0)},
       {"memory-budget", "BYTES",
        "--schedule auto: each stage's activation (stash) budget, in bytes (suffixes K, M, G, "
        "Ki, Mi, Gi) or as a percentage of the largest stage's stash peak without offload "
@@ -414,6 +441,10 @@ absl::Status CheckCombination(const TrainOptions& o) {
         "--schedule-file runs the schedule in the file; drop --schedule, --family and "
         "--group-size");
   }
+  if (o.recompute == Recompute::kNone && (o.recompute_fraction != 1.0 || o.recompute_chunks > 0)) {
+    return absl::InvalidArgumentError(
+        "--recompute-fraction and --recompute-chunks need --recompute lean or full");
+  }
   const bool budget = o.memory_budget_bytes > 0 || o.memory_budget_share > 0;
   if (o.schedule == "auto" && !budget) {
     return absl::InvalidArgumentError(
@@ -575,6 +606,13 @@ absl::StatusOr<PipelineSpec> TrainSpec(const TrainOptions& options, int num_stag
   spec.offload_fraction = options.offload_fraction;
   spec.offload_chunks = options.offload_chunks;
   spec.memory_budget_bytes = options.memory_budget_bytes;  // a share is resolved by PlanSchedule
+  spec.recompute = options.recompute;
+  spec.recompute_fraction = options.recompute_fraction;
+  spec.recompute_chunks = options.recompute_chunks;
+  if (absl::Status recompute = CheckRecomputeSpec(spec); !recompute.ok()) {
+    return Annotate(recompute, absl::StrCat("--recompute ", RecomputeName(spec.recompute),
+                                            " with --schedule ", options.schedule));
+  }
   absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
   if (!resolved.ok()) {
     return Annotate(resolved.status(),

@@ -61,6 +61,13 @@ struct TrainOptions {
   bool split_backward = false;
   double offload_fraction = 0.0;
   int offload_chunks = 0;
+  // --recompute: recompute entries before their B instead of keeping them (the schedule's
+  // RECOMPUTE / RECOMPUTE_LEAN ops; PipelineSpec::recompute). With --schedule auto, the most the
+  // planner may use per entry. --recompute-chunks N: every entry of chunks 0..N-1, else
+  // --recompute-fraction of each stage's entries, longest-lived first.
+  Recompute recompute = Recompute::kNone;
+  double recompute_fraction = 1.0;
+  int recompute_chunks = 0;
   std::string schedule_file;  // run this schedule (JSON) instead of compiling one
   // --schedule auto: the per-stage activation budget, in bytes, or (memory_budget_share > 0)
   // as a share of the largest stage's stash peak without offload ("50%").

@@ -418,5 +418,42 @@ TEST_CASE("a spec the compiler rejects names the pipeline flags", "[train][optio
   CHECK(TrainSpec(*options, 4).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("--recompute lands in the spec; its share flags need it", "[train][options]") {
+  absl::StatusOr<TrainOptions> options =
+      Parse({"--schedule", "interleaved", "--recompute", "lean", "--recompute-fraction", "0.5"});
+  REQUIRE(options.ok());
+  CHECK(options->recompute == Recompute::kLean);
+  absl::StatusOr<PipelineSpec> spec = TrainSpec(*options, 4);
+  REQUIRE(spec.ok());
+  CHECK(spec->recompute == Recompute::kLean);
+  CHECK(spec->recompute_fraction == 0.5);
+  CHECK(spec->recompute_chunks == 0);
+
+  options = Parse({"--recompute", "full", "--recompute-chunks", "1"});
+  REQUIRE(options.ok());
+  spec = TrainSpec(*options, 4);
+  REQUIRE(spec.ok());
+  CHECK(spec->recompute == Recompute::kFull);
+  CHECK(spec->recompute_chunks == 1);
+  CHECK(Parse({})->recompute == Recompute::kNone);
+
+  const auto fails = [](std::vector<std::string> args, const std::string& text) {
+    const absl::StatusOr<TrainOptions> bad = Parse(std::move(args));
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(bad.status().message()).find(text) != std::string::npos);
+  };
+  fails({"--recompute", "some"}, "none, lean or full");
+  fails({"--recompute-fraction", "0.5"}, "need --recompute lean or full");
+  fails({"--recompute", "full", "--recompute-fraction", "0"}, "(0, 1]");
+  // Recompute and offload do not mix outside auto: the compiler's check, naming the flags.
+  options = Parse({"--schedule", "po-f", "--recompute", "full"});
+  REQUIRE(options.ok());
+  const absl::Status mixed = TrainSpec(*options, 4).status();
+  CHECK(mixed.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(mixed.message()).find("--recompute full with --schedule po-f") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace pipeoffload::gpt

@@ -100,19 +100,22 @@ std::string TempPath(const std::string& name) {
 
 TEST_CASE("every family and offload policy ends bitwise equal to the single-process reference",
           "[train][pipeline]") {
-  const std::vector<std::string> flags = GENERATE(
-      values<std::vector<std::string>>({{"--schedule", "1f1b"},
-                                        {"--schedule", "interleaved"},
-                                        {"--schedule", "group-interleaved"},
-                                        {"--schedule", "po-h"},
-                                        {"--schedule", "po-f"},
-                                        {"--schedule", "selective", "--offload-fraction", "0.5"},
-                                        {"--schedule", "selective", "--offload-chunks", "1"},
-                                        {"--schedule", "po-f", "--family", "1f1b"},
-                                        {"--schedule", "po-f", "--split-backward", "--tied"},
-                                        {"--schedule", "interleaved", "--split-backward"},
-                                        {"--schedule", "po-h", "--tied", "--poison"},
-                                        {"--schedule", "auto", "--memory-budget", "50%"}}));
+  const std::vector<std::string> flags = GENERATE(values<std::vector<std::string>>(
+      {{"--schedule", "1f1b"},
+       {"--schedule", "interleaved"},
+       {"--schedule", "group-interleaved"},
+       {"--schedule", "po-h"},
+       {"--schedule", "po-f"},
+       {"--schedule", "selective", "--offload-fraction", "0.5"},
+       {"--schedule", "selective", "--offload-chunks", "1"},
+       {"--schedule", "po-f", "--family", "1f1b"},
+       {"--schedule", "po-f", "--split-backward", "--tied"},
+       {"--schedule", "interleaved", "--split-backward"},
+       {"--schedule", "po-h", "--tied", "--poison"},
+       {"--schedule", "auto", "--memory-budget", "50%"},
+       {"--schedule", "interleaved", "--recompute", "full"},
+       {"--schedule", "1f1b", "--recompute", "lean", "--split-backward", "--tied"},
+       {"--schedule", "group-interleaved", "--recompute", "full", "--recompute-fraction", "0.5"}}));
   CAPTURE(flags);
   const TrainOptions options = Options(flags);
   const TrainResult reference = Reference(options);
@@ -142,6 +145,35 @@ TEST_CASE("every family and offload policy ends bitwise equal to the single-proc
   }
   CHECK(result.peaks_match);
   CHECK((offloaded > 0) == offload);
+}
+
+TEST_CASE("--recompute: RECOMPUTE ops before B, bitwise as keeping, lower measured peaks",
+          "[train][pipeline]") {
+  const TrainResult plain = Agreed(RunLocal(Options({"--schedule", "interleaved"}), 4));
+  for (const auto& [mode, kind] :
+       {std::pair{"full", OpKind::kRecompute}, std::pair{"lean", OpKind::kRecomputeLean}}) {
+    CAPTURE(mode);
+    const TrainResult recomputed =
+        Agreed(RunLocal(Options({"--schedule", "interleaved", "--recompute", mode}), 4));
+    CHECK(recomputed.checksum == plain.checksum);
+    CHECK(recomputed.losses == plain.losses);
+    REQUIRE(recomputed.schedule.has_value());
+    int forwards = 0, recomputes = 0;
+    for (const StageProgram& program : recomputed.schedule->stages) {
+      for (const Op& op : program.ops) {
+        forwards += op.kind == OpKind::kForward ? 1 : 0;
+        recomputes += op.kind == kind ? 1 : 0;
+      }
+    }
+    CHECK(recomputes == forwards);  // every entry
+    REQUIRE(recomputed.stages.size() == plain.stages.size());
+    for (std::size_t d = 0; d < plain.stages.size(); ++d) {
+      CAPTURE(d);
+      CHECK(recomputed.stages[d].stash_peak_bytes ==
+            recomputed.stages[d].predicted_stash_peak_bytes);
+      CHECK(recomputed.stages[d].stash_peak_bytes < plain.stages[d].stash_peak_bytes);
+    }
+  }
 }
 
 TEST_CASE("--schedule auto keeps every stage's measured stash peak within --memory-budget",

@@ -284,11 +284,11 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCudaTrainStage(const TrainOpti
     PO_RETURN_IF_ERROR(guard.Enter(device));
     PO_ASSIGN_OR_RETURN(used_before, DeviceUsedBytes());
   }
-  absl::StatusOr<std::unique_ptr<GptCudaStageModel>> model =
-      GptCudaStageModel::Create(backend, spec.config, spec.num_stages, spec.chunks_per_stage,
-                                spec.stage, spec.data,
-                                GptCudaStageOptions{.with_optimizer_state = !offload,
-                                                    .lean_saved = options.lean_saved});
+  absl::StatusOr<std::unique_ptr<GptCudaStageModel>> model = GptCudaStageModel::Create(
+      backend, spec.config, spec.num_stages, spec.chunks_per_stage, spec.stage, spec.data,
+      GptCudaStageOptions{.with_optimizer_state = !offload,
+                          .lean_saved = options.lean_saved,
+                          .recompute = options.recompute != Recompute::kNone});
   if (!model.ok()) {
     if (model.status().code() == absl::StatusCode::kUnimplemented) {
       return absl::InvalidArgumentError(
