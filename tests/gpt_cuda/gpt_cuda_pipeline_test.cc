@@ -8,7 +8,9 @@
 //  - released arena blocks are poisoned, so a stash entry read after its release would turn
 //    into NaN losses instead of passing;
 //  - the interleaved schedule with a split backward (W ops) and po-f ends with the same bits as
-//    1F1B without offload: the GPU kernels are deterministic whatever the split.
+//    1F1B without offload: the GPU kernels are deterministic whatever the split;
+//  - recompute (every entry, full or lean, split or not) under the executor: peaks as predicted
+//    and below keeping's, full with keeping's bits, lean with its first step's losses.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -62,10 +64,11 @@ struct RunResult {
   std::vector<std::int64_t> measured_peak;      // [stage], max over steps
   std::vector<std::int64_t> predicted_peak;     // [stage]
   std::vector<std::int64_t> offloaded;          // [stage], bytes in the last step
+  int recompute_ops = 0;                        // RECOMPUTE / RECOMPUTE_LEAN in the schedule
 };
 
 RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, OffloadPolicy policy,
-                        bool lean_saved = false) {
+                        bool lean_saved = false, Recompute recompute = Recompute::kNone) {
   const GptConfig config = PipelineConfig();
   const int num_stages = stages;  // p
   auto data = std::make_shared<const GptData>(GptData::Synthetic());
@@ -73,9 +76,10 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
   std::vector<std::unique_ptr<GptCudaStageModel>> models;
   for (int d = 0; d < num_stages; ++d) {
     backends.push_back(testing::NewCudaBackend());
-    models.push_back(ValueOrFail(
-        GptCudaStageModel::Create(*backends.back(), config, num_stages, chunks, d, data,
-                                  GptCudaStageOptions{.lean_saved = lean_saved})));
+    models.push_back(ValueOrFail(GptCudaStageModel::Create(
+        *backends.back(), config, num_stages, chunks, d, data,
+        GptCudaStageOptions{.lean_saved = lean_saved,
+                            .recompute = recompute != Recompute::kNone})));
   }
   PipelineSpec spec;
   spec.family = family;
@@ -84,6 +88,7 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
   spec.chunks_per_stage = chunks;
   spec.split_backward = split;
   spec.offload = policy;
+  spec.recompute = recompute;
   std::vector<Backend*> backend_ptrs;
   std::vector<StageModel*> model_ptrs;
   for (int d = 0; d < num_stages; ++d) {
@@ -93,6 +98,9 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
   auto rig = ValueOrFail(LocalPipeline::Open(OneGpuOptions(spec), model_ptrs, backend_ptrs));
   const Schedule schedule = rig->stage(0).schedule();
   RunResult result;
+  for (const StageProgram& program : schedule.stages) {
+    for (const Op& op : program.ops) result.recompute_ops += IsRecompute(op.kind) ? 1 : 0;
+  }
   result.measured_peak.assign(num_stages, 0);
   result.offloaded.assign(num_stages, 0);
   for (const StagePrediction& stage : schedule.predictions->stages) {
@@ -210,6 +218,39 @@ TEST_CASE("lean saved activations: po-f and split backward end with lean 1F1B's 
       if (step == 0) CHECK(plain.losses[step][i] == full.losses[step][i]);
       CHECK(plain.losses[step][i] == Approx(full.losses[step][i]).epsilon(1e-3));
     }
+  }
+}
+
+TEST_CASE(
+    "recompute on one GPU: full ends with no recompute's bits, lean its first losses; "
+    "peaks as predicted and lower",
+    "[gpt_cuda][gpt_cuda_pipeline][gpt_cuda_recompute]") {
+  const bool split = GENERATE(false, true);
+  CAPTURE(split);
+  const RunResult keep = TrainOnOneGpu(2, Family::kInterleaved, 2, split, OffloadPolicy::kNone);
+  const RunResult full = TrainOnOneGpu(2, Family::kInterleaved, 2, split, OffloadPolicy::kNone,
+                                       false, Recompute::kFull);
+  const RunResult lean = TrainOnOneGpu(2, Family::kInterleaved, 2, split, OffloadPolicy::kNone,
+                                       false, Recompute::kLean);
+  for (const RunResult* run : {&full, &lean}) {
+    CheckPeaksMatchPredictions(*run);
+    CHECK(run->recompute_ops == 2 * 2 * PipelineConfig().num_microbatches);  // every entry
+    for (std::size_t d = 0; d < keep.measured_peak.size(); ++d) {
+      INFO("stage " << d);
+      CHECK(run->measured_peak[d] < keep.measured_peak[d]);
+    }
+  }
+  CHECK(keep.recompute_ops == 0);
+  CHECK(full.measured_peak[0] < lean.measured_peak[0]);  // the input alone vs 20 of 32 C
+  // Full recompute reruns the same kernels: every loss and parameter bit as keeping.
+  CHECK(full.losses == keep.losses);
+  CHECK(SameHashes(full, keep));
+  // Lean rebuilds gelu(fch) from the bf16 fch: step 0's losses (forward only) are the same
+  // bits; later ones within bf16 noise of the fc-proj weight gradient's last bits.
+  REQUIRE(lean.losses.size() == keep.losses.size());
+  for (std::size_t i = 0; i < keep.losses[0].size(); ++i) {
+    CHECK(lean.losses[0][i] == keep.losses[0][i]);
+    CHECK(lean.losses[1][i] == Approx(keep.losses[1][i]).epsilon(1e-3));
   }
 }
 
