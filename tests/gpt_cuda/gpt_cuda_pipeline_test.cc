@@ -10,7 +10,8 @@
 //  - the interleaved schedule with a split backward (W ops) and po-f ends with the same bits as
 //    1F1B without offload: the GPU kernels are deterministic whatever the split;
 //  - recompute (every entry, full or lean, split or not) under the executor: peaks as predicted
-//    and below keeping's, full with keeping's bits, lean with its first step's losses.
+//    and below keeping's (lean: on stage 0), full with keeping's bits, lean with its first
+//    step's losses.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -235,11 +236,15 @@ TEST_CASE(
   for (const RunResult* run : {&full, &lean}) {
     CheckPeaksMatchPredictions(*run);
     CHECK(run->recompute_ops == 2 * 2 * PipelineConfig().num_microbatches);  // every entry
-    for (std::size_t d = 0; d < keep.measured_peak.size(); ++d) {
-      INFO("stage " << d);
-      CHECK(run->measured_peak[d] < keep.measured_peak[d]);
-    }
   }
+  // Full keeps a fraction of an entry: lower everywhere. Lean keeps 20 of 32 C bytes and, while
+  // an entry is rebuilt, holds its lean block and the full entry at once: lower on stage 0, which
+  // has the most entries in flight (on the last stage, with few, that moment may top keeping).
+  for (std::size_t d = 0; d < keep.measured_peak.size(); ++d) {
+    INFO("stage " << d);
+    CHECK(full.measured_peak[d] < keep.measured_peak[d]);
+  }
+  CHECK(lean.measured_peak[0] < keep.measured_peak[0]);
   CHECK(keep.recompute_ops == 0);
   CHECK(full.measured_peak[0] < lean.measured_peak[0]);  // the input alone vs 20 of 32 C
   // Full recompute reruns the same kernels: every loss and parameter bit as keeping.
