@@ -7,9 +7,14 @@
 // the number of planner warnings, and the wall time of Compile.
 //
 // Usage: offload_table [--link-group=N] [--split] [--strict]
+//        offload_table --shared-links [--worst=N]
 //   --link-group=N  stages per host link (CostModel::host_link_group_size; default 2: pairs)
 //   --split         split backward (separate W ops)
 //   --strict        compile in strict mode (a shortfall is then an error, shown as such)
+//   --shared-links  the issue-15 sweep (shared_links_table.h): the same plan with pairs sharing
+//                   a host link and on a link each, against the interval-cover bound
+//   --worst=N       with --shared-links: the summary and the N worst rows only (default: every
+//                   row, then the summary)
 // Exit status: 0, or 2 on a usage error.
 #include <algorithm>
 #include <chrono>
@@ -22,6 +27,7 @@
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
+#include "bench/shared_links_table.h"
 
 namespace {
 
@@ -36,6 +42,8 @@ struct Options {
   int link_group = 2;
   bool split = false;
   bool strict = false;
+  bool shared_links = false;
+  int worst = -1;  // --worst=N; -1: every row
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
@@ -48,6 +56,11 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       options->split = true;
     } else if (arg == "--strict") {
       options->strict = true;
+    } else if (arg == "--shared-links") {
+      options->shared_links = true;
+    } else if (arg.rfind("--worst=", 0) == 0) {
+      options->worst = std::atoi(argv[i] + 8);
+      if (options->worst < 0) return false;
     } else {
       return false;
     }
@@ -98,8 +111,14 @@ void PrintRow(const PipelineSpec& spec, const CostModel& cost, double k) {
 int main(int argc, char** argv) {
   Options options;
   if (!ParseOptions(argc, argv, &options)) {
-    std::fprintf(stderr, "usage: offload_table [--link-group=N] [--split] [--strict]\n");
+    std::fprintf(stderr,
+                 "usage: offload_table [--link-group=N] [--split] [--strict]\n"
+                 "       offload_table --shared-links [--worst=N]\n");
     return 2;
+  }
+  if (options.shared_links) {
+    pipeoffload::bench::PrintSharedLinksTable(options.worst);
+    return 0;
   }
   std::printf("Unit costs, m = 4p, %s backward, %d stage(s) per host link%s.\n\n",
               options.split ? "split" : "unsplit", options.link_group,
