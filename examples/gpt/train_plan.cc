@@ -5,12 +5,32 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "pipeoffload/compiler.h"
 
 namespace pipeoffload::gpt {
 
 double ChunkComputeUnits(int n_layer, int num_virtual_stages) {
   return std::max(0.25, static_cast<double>(n_layer) / std::max(num_virtual_stages, 1));
 }
+
+namespace {
+
+// The GPT models build chunk c of stage d as virtual stage c * p + d (loop placement); a V
+// schedule hands chunk 1 of stage d virtual stage 2p - 1 - d, so running it would compute with
+// the wrong layers and wire the boundaries wrong. Refused until the models follow the map.
+absl::Status CheckModelPlacement(const PipelineSpec& spec, const std::string& source) {
+  absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
+  if (!resolved.ok() || resolved->placement != Placement::kV) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      source, " is ", std::string(FamilyName(resolved->family)), " with placement ",
+      std::string(PlacementName(resolved->placement)),
+      " (chunk 1 of stage d is virtual stage 2p - 1 - d), but gpt_train's GPT lays chunk c of "
+      "stage d on virtual stage c * p + d (placement loop); use a loop-placement schedule "
+      "(1f1b, interleaved, group-interleaved)"));
+}
+
+}  // namespace
 
 absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
                                      const std::optional<Schedule>& loaded, int num_ranks,
@@ -28,7 +48,11 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
     if (options.stages_given && options.stages != num_ranks) {
       return mismatch(options.stages, absl::StrCat("--stages ", options.stages));
     }
-    return TrainSpec(options, num_ranks);
+    PO_ASSIGN_OR_RETURN(PipelineSpec spec, TrainSpec(options, num_ranks));
+    PO_RETURN_IF_ERROR(CheckModelPlacement(
+        spec, options.family.empty() ? absl::StrCat("--schedule ", options.schedule)
+                                     : absl::StrCat("--family ", options.family)));
+    return spec;
   }
   const PipelineSpec& spec = loaded->spec;
   const std::string source = absl::StrCat("--schedule-file ", options.schedule_file);
@@ -51,6 +75,7 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
     return absl::InvalidArgumentError(
         absl::StrCat("--split-backward conflicts with ", source, ", which has no W ops"));
   }
+  PO_RETURN_IF_ERROR(CheckModelPlacement(spec, source));
   return spec;
 }
 

@@ -88,5 +88,38 @@ TEST_CASE("a schedule file decides p, v, m and split, and conflicting flags are 
   }
 }
 
+TEST_CASE("a V-placement schedule is refused, naming the family and the placement",
+          "[train][plan]") {
+  for (const std::string family : {"zbv", "dualpipev"}) {
+    absl::StatusOr<TrainOptions> options = ParseTrainOptions({"--schedule", family});
+    REQUIRE(options.ok());
+    absl::StatusOr<PipelineSpec> spec = JobSpec(*options, std::nullopt, 2, "local");
+    CAPTURE(family);
+    REQUIRE_FALSE(spec.ok());
+    CHECK(spec.status().code() == absl::StatusCode::kUnimplemented);
+    CHECK(Message(spec.status()) ==
+          "--schedule " + family +
+              " is " + family +
+              " with placement v (chunk 1 of stage d is virtual stage 2p - 1 - d), but "
+              "gpt_train's GPT lays chunk c of stage d on virtual stage c * p + d (placement "
+              "loop); use a loop-placement schedule (1f1b, interleaved, group-interleaved)");
+  }
+  // A file of a V schedule (the spec says placement v); the loop schedule of its shape runs.
+  absl::StatusOr<Schedule> file = Compile(
+      testing::MakeSpec(Family::kZbv, 2, 4, 2, 0, true, OffloadPolicy::kNone), UnitCostModel(0.25));
+  REQUIRE(file.ok());
+  REQUIRE(file->spec.placement == Placement::kV);
+  absl::StatusOr<TrainOptions> options = ParseTrainOptions({"--schedule-file", "v.json"});
+  REQUIRE(options.ok());
+  absl::StatusOr<PipelineSpec> spec = JobSpec(*options, *file, 2, "mpi");
+  REQUIRE_FALSE(spec.ok());
+  CHECK(Message(spec.status()).starts_with("--schedule-file v.json is zbv with placement v"));
+  file = Compile(testing::MakeSpec(Family::kGroupInterleaved, 2, 4, 2, 0, true,
+                                   OffloadPolicy::kNone),
+                 UnitCostModel(0.25));
+  REQUIRE(file.ok());
+  CHECK(JobSpec(*options, *file, 2, "mpi").ok());
+}
+
 }  // namespace
 }  // namespace pipeoffload::gpt
