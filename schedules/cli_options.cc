@@ -370,7 +370,7 @@ absl::Status CheckEveryOptionUsed(const Parsing& p) {
   static constexpr std::string_view kSpecOptions[] = {
       "microbatches", "chunks", "group-size", "split-backward", "offload-fraction",
       "offload-chunks", "memory-budget", "strict", "alternatives", "stages", "policy", "family",
-      "placement"};
+      "placement", "recompute", "recompute-fraction", "recompute-chunks"};
   if (command == Command::kImport || command == Command::kValidate) {
     for (std::string_view name : kSpecOptions) {
       const bool import_reads = name == "stages" || name == "policy" || name == "family" ||

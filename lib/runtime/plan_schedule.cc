@@ -71,8 +71,9 @@ absl::StatusOr<Plan> PlanAt(const PipelineSpec& spec, const CostModel& solo,
 absl::StatusOr<PipelineSpec> Budgeted(const PipelineSpec& spec, const CostModel& solo,
                                       const PlanOptions& options) {
   if (spec.offload != OffloadPolicy::kAuto || options.auto_budget_share <= 0) return spec;
-  PipelineSpec plain = spec;
+  PipelineSpec plain = spec;  // every entry kept: a share of recompute's peak would be tiny
   plain.offload = OffloadPolicy::kNone;
+  plain.recompute = Recompute::kNone;
   absl::StatusOr<Plan> baseline =
       PlanAt(plain, solo, options, OneGpu(options) ? spec.num_stages : 1.0);
   if (!baseline.ok()) return Annotate(baseline.status(), "auto: the plan without offload");
@@ -119,14 +120,24 @@ absl::StatusOr<Plan> PlanSchedule(const PipelineSpec& spec, const CostModel& sol
   if (!OneGpu(options)) return PlanAt(budgeted, solo, options, 1.0);
   const double p = spec.num_stages;
   // The order without offload: the search's bound, and the plan itself when nothing moves (the
-  // factor only places copies, so such plans are made at c = p).
+  // factor only places copies, so such plans are made at c = p). Its baseline, like every
+  // plan's, keeps every entry: recompute (spec.recompute) is what the plan is compared with.
   PipelineSpec plain = budgeted;
   plain.offload = OffloadPolicy::kNone;
-  PO_ASSIGN_OR_RETURN(Plan baseline, PlanAt(plain, solo, options, p));
   if (budgeted.offload == OffloadPolicy::kNone) {
-    baseline.shared_baseline = baseline.shared;
-    return baseline;
+    PO_ASSIGN_OR_RETURN(Plan plan, PlanAt(plain, solo, options, p));
+    plan.shared_baseline = plan.shared;
+    if (plain.recompute != Recompute::kNone) {
+      plain.recompute = Recompute::kNone;
+      PO_ASSIGN_OR_RETURN(const Plan kept, PlanAt(plain, solo, options, p));
+      plan.shared_baseline = kept.shared;
+    }
+    return plan;
   }
+  // auto's spec.recompute is the most it may use per entry, not a choice made: the bound is the
+  // step with every entry kept.
+  plain.recompute = Recompute::kNone;
+  PO_ASSIGN_OR_RETURN(Plan baseline, PlanAt(plain, solo, options, p));
   const double pinned = options.shared_gpu.compute_factor;
   const std::vector<double> factors =
       pinned > 0 ? std::vector<double>{pinned} : SearchFactors(spec.num_stages);

@@ -26,7 +26,8 @@ endfunction()
 run(0 help --help)
 foreach(option stages microbatches chunks group-size split-backward policy family placement
         offload-fraction
-        offload-chunks memory-budget strict unit-costs offload-ratio cost-model format out)
+        offload-chunks memory-budget strict unit-costs offload-ratio cost-model format out
+        recompute recompute-fraction recompute-chunks)
   expect_contains("${help}" "--${option}" "--help")
 endforeach()
 expect_contains("${help}" "| svg (a picture" "--help names the svg format")

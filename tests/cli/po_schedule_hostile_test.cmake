@@ -112,6 +112,9 @@ hostile(2 "--memory-budget is read only by --policy auto" --policy po-f --memory
 hostile(2 "--offload-ratio is read only by --unit-costs" --offload-ratio 0.5)
 hostile(2 "--microbatches is read only by compile and compare" validate
         "${fixtures}/nul_tail.json" --microbatches 4)
+hostile(2 "--recompute is read only by compile and compare" validate
+        "${fixtures}/nul_tail.json" --recompute full)
+hostile(2 "--recompute-chunks is read only by --recompute lean or full" --recompute-chunks 1)
 # A 50 MB string: once echoed whole into the error.
 string(REPEAT "abcdefghij" 5000000 long)
 file(WRITE "${work}/long_format.json" "{\"format\": \"${long}\"}")

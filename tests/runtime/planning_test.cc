@@ -340,6 +340,27 @@ TEST_CASE("auto's budget as a share of the plan without offload", "[runtime][pla
   CHECK(PlanSchedule(spec, cost, options).status().code() == absl::StatusCode::kResourceExhausted);
 }
 
+TEST_CASE("auto's budget share is of the plan that keeps every entry, recompute allowed or not",
+          "[runtime][planning][recompute]") {
+  PipelineSpec spec = PoFullSpec(4, 8, 2);
+  spec.offload = OffloadPolicy::kAuto;
+  const CostModel cost = NominalCostModel(ModelSizes{std::vector<std::int64_t>(8, 4096), 256}, 1.0);
+  PipelineSpec plain = spec;
+  plain.offload = OffloadPolicy::kNone;
+  const std::int64_t plain_peak = MaxPeak(*Compile(plain, cost));
+  PlanOptions options;
+  options.auto_budget_share = 0.5;
+  for (const Recompute most : {Recompute::kNone, Recompute::kLean, Recompute::kFull}) {
+    INFO(RecomputeName(most));
+    spec.recompute = most;
+    absl::StatusOr<Plan> plan = PlanSchedule(spec, cost, options);
+    REQUIRE(plan.ok());
+    // Before, the share was taken of the plan recomputing every entry (a far smaller peak).
+    CHECK(plan->schedule.spec.memory_budget_bytes == plain_peak / 2);
+    CHECK(MaxPeak(plan->schedule) <= plain_peak / 2);
+  }
+}
+
 TEST_CASE("one GPU: the factor search keeps the smallest peak within the one-GPU bound",
           "[runtime][planning]") {
   const int entry_scale = GENERATE(1, 2, 4);  // from link-light to transfer-bound
