@@ -192,4 +192,12 @@ absl::Status ValidatePipelineShape(int num_stages, int chunks_per_stage, int sta
   return absl::OkStatus();
 }
 
+absl::Status ValidatePlacement(Placement placement, int chunks_per_stage) {
+  if (placement == Placement::kV && chunks_per_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement v needs chunks_per_stage == 2 (got ", chunks_per_stage, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pipeoffload::gpt

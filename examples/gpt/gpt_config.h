@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "pipeoffload/schedule.h"
 
 namespace pipeoffload::gpt {
 
@@ -122,6 +123,8 @@ LayerRange VirtualStageLayers(int n_layer, int num_virtual_stages, int virtual_s
 // range, more than kMaxVirtualStages virtual stages). Fewer layers than virtual stages is fine.
 inline constexpr int kMaxVirtualStages = 1 << 12;
 [[nodiscard]] absl::Status ValidatePipelineShape(int num_stages, int chunks_per_stage, int stage);
+// OK, or InvalidArgument for placement v with chunks_per_stage != 2 (VirtualStageMap's contract).
+[[nodiscard]] absl::Status ValidatePlacement(Placement placement, int chunks_per_stage);
 
 }  // namespace pipeoffload::gpt
 

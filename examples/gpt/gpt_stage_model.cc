@@ -65,27 +65,28 @@ const char* StateName(std::uint32_t state) {
 
 absl::StatusOr<std::unique_ptr<GptStageModel>> GptStageModel::Create(
     const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
-    std::shared_ptr<const GptData> data) {
+    std::shared_ptr<const GptData> data, Placement placement) {
   PO_RETURN_IF_ERROR(ValidateGptConfig(config));
   PO_RETURN_IF_ERROR(ValidatePipelineShape(num_stages, chunks_per_stage, stage));
+  PO_RETURN_IF_ERROR(ValidatePlacement(placement, chunks_per_stage));
   if (data == nullptr) return absl::InvalidArgumentError("GptStageModel needs a data source");
   PO_RETURN_IF_ERROR(data->CheckCompatible(config));
-  return std::unique_ptr<GptStageModel>(
-      new GptStageModel(config, num_stages, chunks_per_stage, stage, std::move(data)));
+  return std::unique_ptr<GptStageModel>(new GptStageModel(
+      config, VirtualStageMap{placement, num_stages, chunks_per_stage}, stage, std::move(data)));
 }
 
-GptStageModel::GptStageModel(const GptConfig& config, int num_stages, int chunks_per_stage,
-                             int stage, std::shared_ptr<const GptData> data)
+GptStageModel::GptStageModel(const GptConfig& config, const VirtualStageMap& map, int stage,
+                             std::shared_ptr<const GptData> data)
     : config_(config),
-      num_stages_(num_stages),
+      num_stages_(map.num_stages),
       stage_(stage),
       num_tensors_(static_cast<int>(GptTensorSpecs(config).size())),
       data_(std::move(data)),
       losses_(static_cast<std::size_t>(config.num_microbatches),
               std::numeric_limits<double>::quiet_NaN()) {
-  const int num_virtual = num_stages * chunks_per_stage;
-  for (int c = 0; c < chunks_per_stage; ++c) {
-    chunks_.push_back(std::make_unique<GptChunk>(config, c * num_stages + stage, num_virtual));
+  for (int c = 0; c < map.chunks; ++c) {
+    chunks_.push_back(
+        std::make_unique<GptChunk>(config, map.virtual_stage(stage, c), map.num_virtual_stages()));
   }
   const std::size_t bt = static_cast<std::size_t>(config.batch_size) * config.seq_len;
   tokens_.resize(bt);

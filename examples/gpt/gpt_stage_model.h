@@ -47,13 +47,16 @@ class GptStageModel final : public StageModel {
   // Bytes of the header at the start of every saved entry.
   static constexpr std::int64_t kSavedHeaderBytes = 32;
 
-  // The model of pipeline stage `stage` of `num_stages` with `chunks_per_stage` chunks each.
-  // InvalidArgument for a bad config or pipeline shape (see ValidatePipelineShape) or a corpus
-  // the config cannot read (see GptData::CheckCompatible). `data` is shared, read-only.
-  // p * v may exceed n_layer: the surplus virtual stages hold no layers (VirtualStageLayers).
+  // The model of pipeline stage `stage` of `num_stages` with `chunks_per_stage` chunks each,
+  // chunk c computing virtual stage VirtualStageMap{placement, p, v}.virtual_stage(stage, c)
+  // (loop: c * p + stage; v: stage, then 2p - 1 - stage), the schedule's placement.
+  // InvalidArgument for a bad config or pipeline shape (see ValidatePipelineShape), placement v
+  // with v != 2, or a corpus the config cannot read (see GptData::CheckCompatible). `data` is
+  // shared, read-only. p * v may exceed n_layer: the surplus virtual stages hold no layers
+  // (VirtualStageLayers).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GptStageModel>> Create(
       const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
-      std::shared_ptr<const GptData> data);
+      std::shared_ptr<const GptData> data, Placement placement = Placement::kLoop);
 
   // --- StageModel -----------------------------------------------------------------------------
   // 0 for a chunk outside [0, chunks_per_stage()) (Forward then fails with InvalidArgument).
@@ -113,12 +116,12 @@ class GptStageModel final : public StageModel {
   int num_stages() const { return num_stages_; }
   int chunks_per_stage() const { return static_cast<int>(chunks_.size()); }
   int stage() const { return stage_; }
-  // Chunk c (virtual stage c * p + stage); for tests and tools.
+  // Chunk c (its virtual stage: the placement's map, see Create); for tests and tools.
   GptChunk& chunk(int c) { return *chunks_[static_cast<std::size_t>(c)]; }
   const GptChunk& chunk(int c) const { return *chunks_[static_cast<std::size_t>(c)]; }
 
  private:
-  GptStageModel(const GptConfig& config, int num_stages, int chunks_per_stage, int stage,
+  GptStageModel(const GptConfig& config, const VirtualStageMap& map, int stage,
                 std::shared_ptr<const GptData> data);
 
   // `buffer` names `saved` in the messages ("saved" or "retained").
@@ -133,7 +136,8 @@ class GptStageModel final : public StageModel {
   // Forward's math into `payload` (a saved region past its header); records the loss.
   void RunForward(int mb, int chunk, const void* input, void* output, std::byte* payload);
   // Gradients of the wte copies this stage holds when tied (wte on virtual stage 0, the mirror on
-  // L-1), or null. Const: the chunks are owned through pointers, the gradients are scratch-like.
+  // L-1), or null. Under either placement chunk 0 has the stage's lowest virtual stage and the
+  // last chunk its highest, so only the front can be 0 and only the back L-1. Const: the chunks are owned through pointers, the gradients are scratch-like.
   float* EmbeddingPartGrad() const;
   float* HeadPartGrad() const;
   // Step 3's sum: both copies of tied wte get embedding part + head part, once per iteration.

@@ -96,6 +96,7 @@ absl::Status SetUpModel(const TrainOptions& options, std::shared_ptr<const GptDa
   stage_spec.num_stages = stage.spec.num_stages;
   stage_spec.chunks_per_stage = stage.spec.chunks_per_stage;
   stage_spec.stage = group.rank();
+  stage_spec.placement = JobPlacement(stage.spec);
   stage_spec.data = std::move(data);
   PO_ASSIGN_OR_RETURN(stage.train, factory(options, stage_spec));
   if (group.rank() == 0 && !options.trace_path.empty()) {

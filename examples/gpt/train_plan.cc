@@ -14,20 +14,27 @@ double ChunkComputeUnits(int n_layer, int num_virtual_stages) {
   return std::max(0.25, static_cast<double>(n_layer) / std::max(num_virtual_stages, 1));
 }
 
+Placement JobPlacement(const PipelineSpec& spec) {
+  absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
+  return resolved.ok() ? resolved->placement : spec.placement;
+}
+
 namespace {
 
-// The GPT models build chunk c of stage d as virtual stage c * p + d (loop placement); a V
+// The CUDA GPT builds chunk c of stage d as virtual stage c * p + d (loop placement); a V
 // schedule hands chunk 1 of stage d virtual stage 2p - 1 - d, so running it would compute with
-// the wrong layers and wire the boundaries wrong. Refused until the models follow the map.
-absl::Status CheckModelPlacement(const PipelineSpec& spec, const std::string& source) {
+// the wrong layers. Refused here, before any device is touched, until that model follows the
+// map as the CPU one does (GptStageModel::Create's placement).
+absl::Status CheckModelPlacement(const TrainOptions& options, const PipelineSpec& spec,
+                                 const std::string& source) {
+  if (options.backend != TrainBackend::kCuda) return absl::OkStatus();
   absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
   if (!resolved.ok() || resolved->placement != Placement::kV) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
-      source, " is ", std::string(FamilyName(resolved->family)), " with placement ",
-      std::string(PlacementName(resolved->placement)),
-      " (chunk 1 of stage d is virtual stage 2p - 1 - d), but gpt_train's GPT lays chunk c of "
-      "stage d on virtual stage c * p + d (placement loop); use a loop-placement schedule "
-      "(1f1b, interleaved, group-interleaved)"));
+      source, " is ", std::string(FamilyName(resolved->family)),
+      " with placement v (chunk 1 of stage d is virtual stage 2p - 1 - d), but the CUDA GPT "
+      "(--backend cuda) lays chunk c of stage d on virtual stage c * p + d (placement loop); "
+      "use a loop-placement schedule (1f1b, interleaved, group-interleaved) or --backend cpu"));
 }
 
 }  // namespace
@@ -50,7 +57,7 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
     }
     PO_ASSIGN_OR_RETURN(PipelineSpec spec, TrainSpec(options, num_ranks));
     PO_RETURN_IF_ERROR(CheckModelPlacement(
-        spec, options.family.empty() ? absl::StrCat("--schedule ", options.schedule)
+        options, spec, options.family.empty() ? absl::StrCat("--schedule ", options.schedule)
                                      : absl::StrCat("--family ", options.family)));
     return spec;
   }
@@ -75,7 +82,7 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
     return absl::InvalidArgumentError(
         absl::StrCat("--split-backward conflicts with ", source, ", which has no W ops"));
   }
-  PO_RETURN_IF_ERROR(CheckModelPlacement(spec, source));
+  PO_RETURN_IF_ERROR(CheckModelPlacement(options, spec, source));
   return spec;
 }
 

@@ -18,12 +18,17 @@ namespace pipeoffload::gpt {
 // (StageCostOptions::nominal_chunk_time), so plans with different v compare.
 double ChunkComputeUnits(int n_layer, int num_virtual_stages);
 
+// The spec's placement once resolved (zbv and dualpipev imply v); the models' chunk layout.
+Placement JobPlacement(const PipelineSpec& spec);
+
 // The spec of the job: from a loaded schedule (which must have num_ranks stages and agree with
 // the pipeline flags given explicitly: --stages, --chunks, --microbatches, --split-backward),
 // else TrainSpec(options, num_ranks) (where an explicit --stages must equal num_ranks).
 // `transport_name` ("mpi", "local") words the stage-count error.
 // Errors: FailedPrecondition for a stage count that differs from the ranks, naming both and
-// how to launch it; InvalidArgument for conflicting flags or a spec the compiler rejects.
+// how to launch it; InvalidArgument for conflicting flags or a spec the compiler rejects;
+// Unimplemented for a V-placement schedule (zbv, dualpipev, a file's placement v) with
+// --backend cuda, whose model lays its chunks in loop placement only.
 [[nodiscard]] absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
                                                    const std::optional<Schedule>& loaded,
                                                    int num_ranks, std::string_view transport_name);

@@ -81,6 +81,7 @@ struct TrainStageSpec {
   int num_stages = 1;
   int chunks_per_stage = 1;
   int stage = 0;
+  Placement placement = Placement::kLoop;  // the schedule's, resolved (zbv, dualpipev: v)
   std::shared_ptr<const GptData> data;
 };
 

@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCpuTrainStage(const TrainOptio
                                                                 const TrainStageSpec& spec) {
   PO_ASSIGN_OR_RETURN(std::unique_ptr<GptStageModel> model,
                       GptStageModel::Create(spec.config, spec.num_stages, spec.chunks_per_stage,
-                                            spec.stage, spec.data));
+                                            spec.stage, spec.data, spec.placement));
   CpuBackendOptions backend_options;
   backend_options.queue_wait_timeout_seconds = options.watchdog_seconds;
   PO_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCpuBackend(backend_options));

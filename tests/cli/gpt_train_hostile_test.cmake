@@ -38,9 +38,6 @@ refused("--schedule-file with a NUL byte" "holds a NUL byte at offset"
         --schedule-file "${SOURCE_DIR}/tests/cli/hostile/nul_tail.json")
 refused("--schedule-file saying offload none over offload ops" "spec.offload: is \"none\" but"
         --schedule-file "${SOURCE_DIR}/tests/cli/hostile/offload_declared_none.json")
-# A V-placement schedule: the GPT lays its chunks in loop placement, so it must not run one.
-refused("--schedule zbv" "--schedule zbv is zbv with placement v (chunk 1 of stage d is virtual "
-        --schedule zbv)
 # A CPU model far larger than any host (--embd 16384: 26e9 parameters, 412 GB of fp32 state):
 # refused before anything is allocated, not killed by the kernel's OOM killer.
 expect_exit("${GPT_TRAIN}" nonzero "GB are available (MemAvailable)" --transport local

@@ -49,16 +49,16 @@ class StashEntry {
 };
 
 struct Pipeline {
-  int p = 1;
-  int v = 1;
+  VirtualStageMap map;  // where virtual stage l lives: stage map.stage_of(l), chunk chunk_of(l)
   std::vector<std::unique_ptr<GptStageModel>> stages;
+  GptStageModel& stage_of(int l) { return *stages[static_cast<std::size_t>(map.stage_of(l))]; }
 };
 
-Pipeline MakePipeline(const GptConfig& config, int p, int v,
+Pipeline MakePipeline(const GptConfig& config, int p, int v, Placement placement,
                       const std::shared_ptr<const GptData>& data) {
-  Pipeline pipeline{p, v, {}};
+  Pipeline pipeline{{placement, p, v}, {}};
   for (int s = 0; s < p; ++s) {
-    auto model = GptStageModel::Create(config, p, v, s, data);
+    auto model = GptStageModel::Create(config, p, v, s, data, placement);
     REQUIRE(model.ok());
     pipeline.stages.push_back(std::move(model).value());
   }
@@ -73,14 +73,14 @@ Recompute ModeOf(bool recompute, int l, int mb) {
   return kModes[(l + mb) % 3];
 }
 
-// One iteration in pipeline order. Virtual stage l lives on stage l % p as chunk l / p. All F,
+// One iteration in pipeline order. Virtual stage l lives where pipe.map says. All F,
 // then B in reverse virtual-stage order; with `split`, every W after every B (per chunk still in
 // microbatch order), the latest a schedule may place them. With `recompute`, the entries
 // ModeOf picks are kept as retained blocks and rebuilt right before their B.
 void RunIteration(Pipeline& pipe, std::int64_t step, bool split, bool recompute = false) {
   const GptConfig& config = pipe.stages[0]->config();
   const int m = config.num_microbatches;
-  const int num_virtual = pipe.p * pipe.v;
+  const int num_virtual = pipe.map.num_virtual_stages();
   const std::size_t boundary = static_cast<std::size_t>(pipe.stages[0]->BoundaryBytes() / 4);
   for (auto& stage : pipe.stages) stage->StartIteration(step);
   // activations[l][mb]: output of virtual stage l; grads[l][mb]: gradient of its input.
@@ -90,8 +90,8 @@ void RunIteration(Pipeline& pipe, std::int64_t step, bool split, bool recompute 
   std::map<std::pair<int, int>, std::unique_ptr<StashEntry>> stash;
 
   for (int l = 0; l < num_virtual; ++l) {
-    GptStageModel& stage = *pipe.stages[l % pipe.p];
-    const int chunk = l / pipe.p;
+    GptStageModel& stage = pipe.stage_of(l);
+    const int chunk = pipe.map.chunk_of(l);
     for (int mb = 0; mb < m; ++mb) {
       const Recompute mode = ModeOf(recompute, l, mb);
       const std::int64_t bytes = mode == Recompute::kNone ? stage.SavedBytes(chunk, split)
@@ -110,8 +110,8 @@ void RunIteration(Pipeline& pipe, std::int64_t step, bool split, bool recompute 
     }
   }
   for (int l = num_virtual - 1; l >= 0; --l) {
-    GptStageModel& stage = *pipe.stages[l % pipe.p];
-    const int chunk = l / pipe.p;
+    GptStageModel& stage = pipe.stage_of(l);
+    const int chunk = pipe.map.chunk_of(l);
     for (int mb = 0; mb < m; ++mb) {
       const Recompute mode = ModeOf(recompute, l, mb);
       if (mode != Recompute::kNone) {  // the runtime's RECOMPUTE: a fresh entry, then free
@@ -131,8 +131,9 @@ void RunIteration(Pipeline& pipe, std::int64_t step, bool split, bool recompute 
   if (split) {
     for (int l = 0; l < num_virtual; ++l) {
       for (int mb = 0; mb < m; ++mb) {
-        REQUIRE(
-            pipe.stages[l % pipe.p]->BackwardWeight(mb, l / pipe.p, stash[{l, mb}]->data()).ok());
+        REQUIRE(pipe.stage_of(l)
+                    .BackwardWeight(mb, pipe.map.chunk_of(l), stash[{l, mb}]->data())
+                    .ok());
       }
     }
   }
@@ -217,20 +218,26 @@ void RequireBitwiseEqual(const std::vector<const GptStageModel*>& pipeline,
 
 struct Shape {
   int p, v, n_layer;
+  Placement placement = Placement::kLoop;
 };
 
 TEST_CASE("pipeline-order chunks are bitwise equal to the single-process reference",
           "[gpt][pipeline]") {
   // Even and uneven splits, one stage holding every chunk, and more virtual stages than layers
   // (virtual stages 3..7 of {4, 2, 3} hold no layers: pure pass-through and a head-only chunk).
+  // V placement (zbv, dualpipev): stage 0 holds the first and the last virtual stage, so the
+  // tied wte and its mirror share a stage and no exchange happens.
   const Shape shape =
-      GENERATE(Shape{2, 2, 4}, Shape{3, 1, 5}, Shape{1, 3, 3}, Shape{4, 2, 9}, Shape{4, 2, 3});
+      GENERATE(Shape{2, 2, 4}, Shape{3, 1, 5}, Shape{1, 3, 3}, Shape{4, 2, 9}, Shape{4, 2, 3},
+               Shape{2, 2, 4, Placement::kV}, Shape{4, 2, 9, Placement::kV},
+               Shape{4, 2, 3, Placement::kV});
   const bool split = GENERATE(false, true);
   const bool tied = GENERATE(false, true);
   // With a warm-up, cosine decay within the 3 steps and a clip that every step triggers.
   const bool scheduled = GENERATE(false, true);
   const bool recompute = GENERATE(false, true);
-  CAPTURE(shape.p, shape.v, shape.n_layer, split, tied, scheduled, recompute);
+  CAPTURE(shape.p, shape.v, shape.n_layer, shape.placement == Placement::kV, split, tied,
+          scheduled, recompute);
 
   GptConfig config = testing::PipelineConfig(shape.n_layer, tied);
   if (scheduled) {
@@ -243,7 +250,10 @@ TEST_CASE("pipeline-order chunks are bitwise equal to the single-process referen
   auto reference_or = ReferenceTrainer::Create(config, data);
   REQUIRE(reference_or.ok());
   GptStageModel& reference = (*reference_or)->model();
-  Pipeline pipe = MakePipeline(config, shape.p, shape.v, data);
+  Pipeline pipe = MakePipeline(config, shape.p, shape.v, shape.placement, data);
+  // The placement reached the chunks: under V stage 0's chunk 1 is the last virtual stage.
+  CHECK(pipe.stages[0]->chunk(shape.v - 1).virtual_stage() ==
+        (shape.placement == Placement::kV ? 2 * shape.p - 1 : (shape.v - 1) * shape.p));
   std::vector<const GptStageModel*> stages;
   for (auto& s : pipe.stages) stages.push_back(s.get());
 
@@ -255,7 +265,7 @@ TEST_CASE("pipeline-order chunks are bitwise equal to the single-process referen
     auto want_losses = (*reference_or)->AccumulateGradients(step);
     REQUIRE(want_losses.ok());
     RunIteration(pipe, step, split, recompute);
-    const GptStageModel& last = *pipe.stages.back();
+    const GptStageModel& last = pipe.stage_of(pipe.map.num_virtual_stages() - 1);
     REQUIRE(last.holds_loss());
     REQUIRE(last.losses().size() == want_losses->size());
     CHECK(std::memcmp(last.losses().data(), want_losses->data(),

@@ -115,7 +115,13 @@ TEST_CASE("every family and offload policy ends bitwise equal to the single-proc
        {"--schedule", "auto", "--memory-budget", "50%"},
        {"--schedule", "interleaved", "--recompute", "full"},
        {"--schedule", "1f1b", "--recompute", "lean", "--split-backward", "--tied"},
-       {"--schedule", "group-interleaved", "--recompute", "full", "--recompute-fraction", "0.5"}}));
+       {"--schedule", "group-interleaved", "--recompute", "full", "--recompute-fraction", "0.5"},
+       // V placement: the models' chunks follow VirtualStageMap (stage 0 holds the first and
+       // the last virtual stage, so tied wte needs no exchange).
+       {"--schedule", "zbv"},
+       {"--schedule", "zbv", "--tied"},
+       {"--schedule", "dualpipev"},
+       {"--schedule", "po-f", "--family", "zbv"}}));
   CAPTURE(flags);
   const TrainOptions options = Options(flags);
   const TrainResult reference = Reference(options);
