@@ -28,7 +28,7 @@ Placement JobPlacement(const PipelineSpec& spec);
 // Errors: FailedPrecondition for a stage count that differs from the ranks, naming both and
 // how to launch it; InvalidArgument for conflicting flags or a spec the compiler rejects;
 // Unimplemented for a V-placement schedule (zbv, dualpipev, a file's placement v) with
-// --backend cuda, whose model lays its chunks in loop placement only.
+// --backend cuda, whose V layout has not been run on a GPU yet (train_plan.cc).
 [[nodiscard]] absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
                                                    const std::optional<Schedule>& loaded,
                                                    int num_ranks, std::string_view transport_name);

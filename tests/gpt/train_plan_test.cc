@@ -104,9 +104,9 @@ TEST_CASE("a V-placement schedule runs on the CPU and is refused with --backend 
     CHECK(spec.status().code() == absl::StatusCode::kUnimplemented);
     CHECK(Message(spec.status()) ==
           "--schedule " + family + " is " + family +
-              " with placement v (chunk 1 of stage d is virtual stage 2p - 1 - d), but the CUDA "
-              "GPT (--backend cuda) lays chunk c of stage d on virtual stage c * p + d (placement "
-              "loop); use a loop-placement schedule (1f1b, interleaved, group-interleaved) or "
+              " with placement v (chunk 1 of stage d is virtual stage 2p - 1 - d), which "
+              "--backend cuda does not run yet (the CUDA GPT's V layout is untested on a GPU); "
+              "use a loop-placement schedule (1f1b, interleaved, group-interleaved) or "
               "--backend cpu");
   }
   // A file of a V schedule (the spec says placement v); the loop schedule of its shape runs.

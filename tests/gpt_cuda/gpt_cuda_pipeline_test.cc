@@ -75,12 +75,17 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
   auto data = std::make_shared<const GptData>(GptData::Synthetic());
   std::vector<std::unique_ptr<Backend>> backends;
   std::vector<std::unique_ptr<GptCudaStageModel>> models;
+  // zbv and dualpipev lay chunk 1 of stage d on virtual stage 2p - 1 - d (ResolveSpec's v).
+  const Placement placement = family == Family::kZbv || family == Family::kDualPipeV
+                                  ? Placement::kV
+                                  : Placement::kLoop;
   for (int d = 0; d < num_stages; ++d) {
     backends.push_back(testing::NewCudaBackend());
     models.push_back(ValueOrFail(GptCudaStageModel::Create(
         *backends.back(), config, num_stages, chunks, d, data,
         GptCudaStageOptions{.lean_saved = lean_saved,
-                            .recompute = recompute != Recompute::kNone})));
+                            .recompute = recompute != Recompute::kNone,
+                            .placement = placement})));
   }
   PipelineSpec spec;
   spec.family = family;
@@ -115,7 +120,10 @@ RunResult TrainOnOneGpu(int stages, Family family, int chunks, bool split, Offlo
       peak = std::max(peak, stage.stash_high_water_bytes);
       result.offloaded[static_cast<std::size_t>(stage.stage)] = stage.offloaded_bytes;
     }
-    result.losses.push_back(ValueOrFail(models.back()->Losses()));
+    for (auto& model : models) {  // the last stage, or stage 0 under V placement
+      if (model->holds_loss()) result.losses.push_back(ValueOrFail(model->Losses()));
+    }
+    REQUIRE(result.losses.size() == static_cast<std::size_t>(step) + 1);
     for (auto& model : models) PO_MODEL_TEST_OK(model->OptimizerStep());
   }
   for (auto& model : models) result.hashes.push_back(ValueOrFail(model->ParameterHashes()));
@@ -192,6 +200,22 @@ TEST_CASE("interleaved + split backward + po-f on one GPU ends with 1F1B's bits"
   CHECK(split.offloaded[0] > 0);
   CHECK(split.losses == plain.losses);
   CHECK(SameHashes(split, plain));
+}
+
+TEST_CASE("zbv and dualpipev (V placement) on one GPU end with 1F1B's bits",
+          "[gpt_cuda][gpt_cuda_pipeline]") {
+  // p = 2, v = 2 under V: virtual stages 0 and 3 on stage 0, 1 and 2 on stage 1, one layer each,
+  // so the same 4 one-layer virtual stages as 1F1B at p = 4; with and without po-f.
+  const RunResult plain = TrainOnOneGpu(4, Family::k1F1B, 1, false, OffloadPolicy::kNone);
+  for (const Family family : {Family::kZbv, Family::kDualPipeV}) {
+    for (const OffloadPolicy policy : {OffloadPolicy::kNone, OffloadPolicy::kFull}) {
+      INFO(FamilyName(family) << " " << OffloadPolicyName(policy));
+      const RunResult v = TrainOnOneGpu(2, family, 2, true, policy);
+      CheckPeaksMatchPredictions(v);
+      CHECK(v.losses == plain.losses);
+      CHECK(SameHashes(v, plain));
+    }
+  }
 }
 
 TEST_CASE("lean saved activations: po-f and split backward end with lean 1F1B's bits, in less memory",

@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
     std::shared_ptr<const GptData> data, const GptCudaStageOptions& options) {
   PO_RETURN_IF_ERROR(ValidateGptConfig(config));
   PO_RETURN_IF_ERROR(ValidatePipelineShape(num_stages, chunks_per_stage, stage));
+  PO_RETURN_IF_ERROR(ValidatePlacement(options.placement, chunks_per_stage));
   if (data == nullptr) return absl::InvalidArgumentError("GptCudaStageModel needs a data source");
   PO_RETURN_IF_ERROR(data->CheckCompatible(config));
   PO_ASSIGN_OR_RETURN(const int device, CudaBackendDevice(backend));
@@ -44,11 +45,11 @@ absl::StatusOr<std::unique_ptr<GptCudaStageModel>> GptCudaStageModel::Create(
   dims.lean_saved = options.lean_saved;
   dims.lean_scratch = options.recompute;
   PO_ASSIGN_OR_RETURN(model->context_, GptCudaContext::Create(dims, device, stream));
-  const int num_virtual = num_stages * chunks_per_stage;
+  const VirtualStageMap map{options.placement, num_stages, chunks_per_stage};
   for (int c = 0; c < chunks_per_stage; ++c) {
-    PO_ASSIGN_OR_RETURN(
-        std::unique_ptr<GptCudaChunk> chunk,
-        GptCudaChunk::CreateGpt(config, c * num_stages + stage, num_virtual, *model->context_));
+    PO_ASSIGN_OR_RETURN(std::unique_ptr<GptCudaChunk> chunk,
+                        GptCudaChunk::CreateGpt(config, map.virtual_stage(stage, c),
+                                                map.num_virtual_stages(), *model->context_));
     if (!options.with_optimizer_state) {
       // CreateGpt always allocates the state to upload the init: keep the masters on the host
       // and give the GPU memory back before the next chunk takes its own.

@@ -1,4 +1,4 @@
-// The GPT on the GPU as a pipeoffload::StageModel: the chunks (virtual stages c * p + stage)
+// The GPT on the GPU as a pipeoffload::StageModel: the chunks (virtual stages by the placement)
 // of one pipeline stage (gpt_cuda_chunk.h), the stage's AdamW on the GPU, and the iteration
 // protocol around the runtime's F / B / W calls. The CUDA mirror of GptStageModel
 // (examples/gpt/gpt_stage_model.h), same config, same data, same parameters at step 0.
@@ -56,6 +56,9 @@ struct GptCudaStageOptions {
   // (12 C bytes per token) and an (N,C) output and (N) losses the rebuild writes instead of the
   // real ones. false: RetainedBytes is -1, so the runtime refuses a program that recomputes.
   bool recompute = false;
+  // The schedule's placement: chunk c computes VirtualStageMap{placement, p, v}.virtual_stage(
+  // stage, c) (loop: c * p + stage; v, which needs v = 2: stage, then 2p - 1 - stage).
+  Placement placement = Placement::kLoop;
 };
 
 class GptCudaStageModel final : public StageModel {

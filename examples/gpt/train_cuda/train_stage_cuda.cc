@@ -288,7 +288,8 @@ absl::StatusOr<std::unique_ptr<TrainStage>> CreateCudaTrainStage(const TrainOpti
       backend, spec.config, spec.num_stages, spec.chunks_per_stage, spec.stage, spec.data,
       GptCudaStageOptions{.with_optimizer_state = !offload,
                           .lean_saved = options.lean_saved,
-                          .recompute = options.recompute != Recompute::kNone});
+                          .recompute = options.recompute != Recompute::kNone,
+                          .placement = spec.placement});
   if (!model.ok()) {
     if (model.status().code() == absl::StatusCode::kUnimplemented) {
       return absl::InvalidArgumentError(
