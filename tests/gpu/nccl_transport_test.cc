@@ -322,6 +322,12 @@ TEST_CASE("OrderAfter orders transfers after compute on the device, not the host
   const std::vector<unsigned char> before = RandomBytes(kSize, 41);
   DeviceBytes source(kSize);
   DeviceBytes target(kSize);
+  // Load the spin and fill kernels first: CUDA loads a module lazily at its first launch, and
+  // that load waited for the running spin on the H200 (the fill's first launch blocked the host
+  // for the whole second, so the stream was idle by the time the test looked).
+  PO_CUDA_CHECK(LaunchSpin(*stream, 0.0));
+  REQUIRE(backend->FillAsync(compute, source.get(), 0u, 4).ok());
+  REQUIRE(backend->Synchronize(kTimeout).ok());
   auto exchange = [&] {
     const absl::Status ordered = transport->OrderAfter(compute);
     INFO(ordered.ToString());
