@@ -32,6 +32,7 @@ struct Parsing {
   std::string cost_model_file;
   std::string policy = "1f1b";
   std::optional<Family> family;
+  bool unsplit_backward = false;  // --unsplit-backward (compare only)
   std::vector<std::function<absl::Status(CostModel&)>> overrides;
   std::vector<std::string_view> given;  // names of the options on the command line
 };
@@ -145,9 +146,20 @@ const std::vector<OptionDef>& Options() {
       {"group-size", "G",
        "group size g of group-interleaved, ceil(p/2) <= g <= p. Default ceil(p/2).",
        SpecInt(&PipelineSpec::group_size, "group-size", 1)},
-      {"split-backward", "", "emit separate W (weight-gradient) ops, zero-bubble style.",
+      {"split-backward", "",
+       "emit separate W (weight-gradient) ops, zero-bubble style. compile: off unless given; "
+       "compare: on unless --unsplit-backward.",
        [](Parsing& p, std::string_view) {
          p.options.spec.split_backward = true;
+         return absl::OkStatus();
+       }},
+      {"unsplit-backward", "",
+       "compare: W inside B in every row whose family allows it (zbv and dualpipev are split "
+       "by definition). compare splits by default because group-interleaved's building blocks "
+       "assume split passes: unsplit, at g < p, it waits in bubbles that W ops would fill, and "
+       "can be slower than 1f1b.",
+       [](Parsing& p, std::string_view) {
+         p.unsplit_backward = true;
          return absl::OkStatus();
        }},
       {"policy", "NAME",
@@ -368,9 +380,9 @@ absl::Status CheckEveryOptionUsed(const Parsing& p) {
   // Spec options shape what compile and compare build; import and validate take the spec from
   // the file, except what a CSV does not carry: import's --stages and its family hint.
   static constexpr std::string_view kSpecOptions[] = {
-      "microbatches", "chunks", "group-size", "split-backward", "offload-fraction",
-      "offload-chunks", "memory-budget", "strict", "alternatives", "stages", "policy", "family",
-      "placement", "recompute", "recompute-fraction", "recompute-chunks"};
+      "microbatches", "chunks", "group-size", "split-backward", "unsplit-backward",
+      "offload-fraction", "offload-chunks", "memory-budget", "strict", "alternatives", "stages",
+      "policy", "family", "placement", "recompute", "recompute-fraction", "recompute-chunks"};
   if (command == Command::kImport || command == Command::kValidate) {
     for (std::string_view name : kSpecOptions) {
       const bool import_reads = name == "stages" || name == "policy" || name == "family" ||
@@ -391,6 +403,10 @@ absl::Status CheckEveryOptionUsed(const Parsing& p) {
     if (given(name) && p.options.spec.recompute == Recompute::kNone) {
       return unused(name, "--recompute lean or full");
     }
+  }
+  if (given("unsplit-backward") && compiles) {
+    return unused("unsplit-backward",
+                  "compare (compile emits W inside B unless --split-backward)");
   }
   if (given("memory-budget") && compiles && offload != OffloadPolicy::kAuto) {
     return unused("memory-budget", "--policy auto (and compare's auto row)");
@@ -518,6 +534,14 @@ absl::StatusOr<CliOptions> ParseCommandLine(int argc, const char* const* argv) {
     }
     spec.placement = *p.options.placement;
   }
+  if (p.unsplit_backward && spec.split_backward) {
+    return absl::InvalidArgumentError(
+        "--split-backward and --unsplit-backward contradict each other (pick one)");
+  }
+  // compare's first table is what a newcomer judges the tool by; split is the footing on which
+  // group-interleaved (and so po-h / po-f on it) beats 1f1b. Every row splits, 1f1b included,
+  // so "vs 1f1b" weighs orders, not backward modes.
+  if (p.options.command == Command::kCompare && !p.unsplit_backward) spec.split_backward = true;
   if (spec.offload == OffloadPolicy::kSelective && spec.offload_chunks == 0 &&
       spec.offload_fraction == 0) {
     return absl::InvalidArgumentError(
@@ -550,7 +574,8 @@ std::string UsageText() {
       "usage:\n"
       "  po-schedule [compile] [options]        one schedule, printed in --format\n"
       "  po-schedule compare [options]          every policy side by side (time, bubble,\n"
-      "                                         peak memory per stage, host memory)\n"
+      "                                         peak memory per stage, host memory); split\n"
+      "                                         backward unless --unsplit-backward\n"
       "  po-schedule import FILE.csv [options]  read a torch.distributed.pipelining CSV\n"
       "                                         (ranks = its rows unless --stages, placement\n"
       "                                         inferred unless --placement), validate,\n"

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace pipeoffload::cli {
 namespace {
@@ -69,6 +70,47 @@ std::string SpecLine(const PipelineSpec& spec) {
     absl::StrAppend(&line, " offload=", std::string(OffloadPolicyName(spec.offload)));
   }
   return line;
+}
+
+// Whether a row ran with W apart from B: the compiled spec where there is one (zbv and
+// dualpipev split whatever the base asks), else the requested one.
+bool SplitBackward(const ComparisonRow& row) {
+  return row.result.ok() ? row.result->spec.split_backward : row.spec.split_backward;
+}
+
+// Which backward the rows use, and why compare splits by default: "vs 1f1b" means little to a
+// reader who does not know both sides' backward, and unsplit group-interleaved looks slower
+// than 1f1b for a reason the table alone does not show.
+std::string BackwardNote(const std::vector<ComparisonRow>& rows) {
+  std::vector<std::string> split_families;
+  bool all_split = true;
+  for (const ComparisonRow& row : rows) {
+    if (!SplitBackward(row)) {
+      all_split = false;
+      continue;
+    }
+    const Family family = row.result.ok() ? row.result->spec.family : row.spec.family;
+    const std::string name(FamilyName(family));
+    if (std::find(split_families.begin(), split_families.end(), name) == split_families.end()) {
+      split_families.push_back(name);
+    }
+  }
+  constexpr char kWhy[] =
+      "group-interleaved's building blocks assume split passes; unsplit, at g < p, they wait in "
+      "bubbles W would fill.\n";
+  if (all_split) {
+    return absl::StrCat(
+        "backward split (B, then W) in every row: compare's default; --unsplit-backward puts W "
+        "inside B.\nwhy: ",
+        kWhy);
+  }
+  const std::string except =
+      split_families.empty()
+          ? ""
+          : absl::StrCat(" except ", absl::StrJoin(split_families, ", "),
+                         " (split by definition, weighed against an unsplit 1f1b)");
+  return absl::StrCat("backward unsplit (W inside B, --unsplit-backward)", except,
+                      ".\ncompare's default is split: ", kWhy);
 }
 
 }  // namespace
@@ -161,7 +203,8 @@ std::string FormatComparison(const std::vector<ComparisonRow>& rows, ReportUnits
   if (!rows.empty()) {
     const PipelineSpec& s = rows.front().spec;
     absl::StrAppend(&out, "pipeline: p=", s.num_stages, " m=", s.num_microbatches,
-                    s.split_backward ? " split-backward" : "", "\n\n");
+                    SplitBackward(rows.front()) ? " split-backward" : "", "\n",
+                    BackwardNote(rows), "\n");
   }
   std::vector<Row> table;
   std::vector<Row> per_stage;

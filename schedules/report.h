@@ -30,15 +30,17 @@ struct ComparisonRow {
   absl::StatusOr<Schedule> result;  // an error is shown in its row, not fatal
 };
 
-// The specs `po-schedule compare` weighs for `base` (p, m, v, g, offload options taken from it):
+// The specs `po-schedule compare` weighs for `base` (p, m, v, g, split backward, offload
+// options taken from it):
 // 1f1b, interleaved, group-interleaved, po-h, po-f on group-interleaved, po-f on 1f1b,
 // selective, and auto (with base.memory_budget_bytes, or half of the largest 1F1B peak when
 // none is given: `auto_budget_bytes`).
 std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
                                           std::int64_t auto_budget_bytes);
 
-// The side-by-side table (time, vs 1f1b, bubble, peak stage 0, max peak, host, offloaded,
-// collisions), then peak memory per stage per policy, then warnings and errors by row.
+// The pipeline line and a note on which rows split W from B (and why compare's default
+// does), the side-by-side table (time, vs 1f1b, bubble, peak stage 0, max peak, host,
+// offloaded, collisions), then peak memory per stage per policy, then warnings and errors by row.
 std::string FormatComparison(const std::vector<ComparisonRow>& rows, ReportUnits units);
 
 }  // namespace pipeoffload::cli

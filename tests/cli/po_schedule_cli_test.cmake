@@ -24,7 +24,8 @@ endfunction()
 
 # Help lists every option.
 run(0 help --help)
-foreach(option stages microbatches chunks group-size split-backward policy family placement
+foreach(option stages microbatches chunks group-size split-backward unsplit-backward policy family
+        placement
         offload-fraction
         offload-chunks memory-budget strict unit-costs offload-ratio cost-model format out
         recompute recompute-fraction recompute-chunks)
@@ -152,6 +153,63 @@ run(0 compare compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 
 foreach(policy "1f1b" "interleaved" "group-interleaved" "po-h" "po-f" "selective" "auto")
   expect_contains("${compare}" "${policy}" "compare")
 endforeach()
+# compare's defaults (p=8, m=32, GPT costs) split the backward in every row, say so and why, and
+# then no row of the paper's schedule is slower than 1f1b; 1f1b itself is the split one, so
+# "vs 1f1b" weighs orders, not backward modes.
+# vs_1f1b(<table> <row label> <out var>): the row's "vs 1f1b" cell (the first signed percentage).
+function(vs_1f1b table label out_var)
+  string(REGEX MATCH "\n${label}  [^\n]*" line "\n${table}")
+  string(REGEX MATCH " [+-][0-9]+\\.[0-9]%" cell "${line}")
+  if(cell STREQUAL "")
+    message(FATAL_ERROR "compare: no \"vs 1f1b\" cell in the row \"${label}\" of:\n${table}")
+  endif()
+  string(STRIP "${cell}" cell)
+  set(${out_var} "${cell}" PARENT_SCOPE)
+endfunction()
+# expect_same_1f1b(<compare table> <compile table> <what>): compare's 1f1b row shows the step
+# of that one 1f1b schedule, at +0.0%.
+function(expect_same_1f1b table single what)
+  string(REGEX MATCH "step [0-9]+\\.[0-9] ms" step "${single}")
+  string(REPLACE "step " "" step "${step}")
+  string(REPLACE "." "\\." step "${step}")
+  if(step STREQUAL "" OR NOT "\n${table}" MATCHES "\n1f1b +1 +- +${step} +\\+0\\.0%")
+    message(FATAL_ERROR "${what}: no 1f1b row at \"${step}\" in:\n${table}\n${single}")
+  endif()
+endfunction()
+run(0 first compare)
+expect_contains("${first}" "pipeline: p=8 m=32 split-backward\n" "default compare header")
+expect_contains("${first}"
+                "backward split (B, then W) in every row: compare's default; --unsplit-backward"
+                "default compare note")
+expect_contains("${first}" "why: group-interleaved's building blocks assume split passes"
+                "default compare note")
+foreach(label "group-interleaved" "po-h \\(group-interleaved\\)"
+        "po-f \\(group-interleaved\\)" "selective 25%" "auto \\(budget: half the 1f1b peak\\)")
+  vs_1f1b("${first}" "${label}" cell)
+  if(NOT cell MATCHES "^-")
+    message(FATAL_ERROR "default compare: ${label} is ${cell} against 1f1b:\n${first}")
+  endif()
+endforeach()
+run(0 split_1f1b --split-backward)
+expect_same_1f1b("${first}" "${split_1f1b}" "default compare's 1f1b is the split 1f1b")
+# --unsplit-backward: W inside B except where the family splits by definition; the table says so.
+run(0 unsplit compare --unsplit-backward)
+expect_contains("${unsplit}" "pipeline: p=8 m=32\nbackward unsplit (W inside B, --unsplit-backward)"
+                "unsplit compare header")
+expect_contains("${unsplit}"
+                "except zbv, dualpipev (split by definition, weighed against an unsplit 1f1b)"
+                "unsplit compare note")
+expect_contains("${unsplit}" "compare's default is split: " "unsplit compare note")
+run(0 fused_1f1b)
+expect_same_1f1b("${unsplit}" "${fused_1f1b}" "unsplit compare's 1f1b is the unsplit 1f1b")
+run(2 both compare --split-backward --unsplit-backward)
+expect_contains("${both}" "--split-backward and --unsplit-backward contradict each other"
+                "both backward flags")
+run(2 compile_unsplit --unsplit-backward)
+expect_contains("${compile_unsplit}" "--unsplit-backward is read only by compare"
+                "--unsplit-backward without compare")
+run(2 valued compare --unsplit-backward=1)
+expect_contains("${valued}" "--unsplit-backward takes no value" "--unsplit-backward=1")
 # Recompute: the ops in the text form, the spec in the JSON, errors for what cannot mix.
 run(0 recompute --stages 2 --microbatches 4 --unit-costs --recompute full --format text)
 expect_contains("${recompute}" "recompute=full recompute-fraction=1" "--recompute full")
