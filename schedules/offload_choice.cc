@@ -19,12 +19,18 @@ void LinkGroupPlan::Invalidate(int committer, const Placement& done) {
     return a0 <= b1 && b0 <= a1;  // closed: zero-time copies count too
   };
   // Every test below needs the entry alive at some instant of one of the two new copies
-  // (its remembered copies, and any candidate start a search could meet, lie in its life).
+  // (its remembered copies, and any candidate start a search could meet, lie in its life),
+  // and each meets an interval the entry is registered with (PlacementCache::Put) at an instant
+  // of one of the copies: the registrations there are all that can be stale.
   for (int m = 0; m < static_cast<int>(plans.size()); ++m) {
+    PlacementCache& cache = caches[m];
     const auto check = [&](int e) {
-      if (!cached[m][e].has_value()) return;
       const internal::OffloadEntry& entry = plans[m].entries()[e];
-      const std::optional<Placement>& c = *cached[m][e];
+      if (!overlaps(entry.forward_end, entry.use_start, done.offload_start, done.offload_end) &&
+          !overlaps(entry.forward_end, entry.use_start, done.reload_start, done.reload_end)) {
+        return;
+      }
+      const std::optional<Placement>& c = *cache.Get(e);
       bool stale = plans[m].placement(e).has_value();
       const bool own = m == committer;
       if (!c) {
@@ -47,10 +53,11 @@ void LinkGroupPlan::Invalidate(int committer, const Placement& done) {
                 (own && done.reload_end >= c->reload_start &&
                  done.reload_end <= entry.use_start);
       }
-      if (stale) cached[m][e].reset();
+      if (stale) cache.Reset(e);
     };
-    plans[m].ForEachAlive(done.offload_start, done.offload_end, check);
-    plans[m].ForEachAlive(done.reload_start, done.reload_end, check);
+    cache.NewRound();
+    cache.ForEachRegistered(done.offload_start, done.offload_end, check);
+    cache.ForEachRegistered(done.reload_start, done.reload_end, check);
   }
 }
 

@@ -5,10 +5,14 @@
 // Invariants: a LinkGroupPlan's link timelines (d2h, h2d, engines, *_ends) hold exactly the
 // transfers committed through it (plus P2P booked before any choice, when P2P shares the link);
 // budget[m] is member m's share less the bytes committed for it; a cached placement is what
-// StagePlan::FindPlacement would answer now (Invalidate keeps that).
+// StagePlan::FindPlacement would answer now (Invalidate keeps that), and every cached answer
+// is registered in its PlacementCache wherever a commit could make it stale.
 #ifndef PIPEOFFLOAD_SCHEDULES_OFFLOAD_CHOICE_H_
 #define PIPEOFFLOAD_SCHEDULES_OFFLOAD_CHOICE_H_
 
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -21,6 +25,101 @@
 #include "schedules/slot_occupancy.h"
 
 namespace pipeoffload::internal {
+
+// One member's remembered FindPlacement answers (LinkGroupPlan::Find), indexed by the instants
+// at which a commit can make each one stale (LinkGroupPlan::Invalidate says which): a remembered
+// placement only by a copy that meets its own copies, its offload search (from the entry's F to
+// the start that bounded the search) or its reload's reach (from its start to the B); a
+// remembered "none" by a copy end in the entry's lifetime. Why: a commit then looks at the few
+// entries registered where its two copies run, instead of every entry alive there (about 500
+// per commit at p=64 m=512 v=4, of which about one goes stale; issue 15).
+// Time is cut into buckets (about one per entry, over [0, the latest B]; later instants share
+// the last one); an entry is registered in every bucket its intervals meet, and a registration
+// outlives a Reset until a scan drops it (each carries the generation of its entry's answer).
+class PlacementCache {
+ public:
+  explicit PlacementCache(const StagePlan& plan) {
+    const auto& entries = plan.entries();
+    known_.resize(entries.size());
+    generation_.assign(entries.size(), 0);
+    seen_.assign(entries.size(), 0);
+    double horizon = 0.0;
+    for (const OffloadEntry& entry : entries) horizon = std::max(horizon, entry.use_start);
+    buckets_.resize(std::max<std::size_t>(1, entries.size()));
+    scale_ = horizon > 0.0 && std::isfinite(horizon)
+                 ? static_cast<double>(buckets_.size()) / horizon
+                 : 0.0;
+  }
+
+  const std::optional<std::optional<Placement>>& Get(int entry) const { return known_[entry]; }
+
+  void Put(const StagePlan& plan, int entry, const std::optional<Placement>& p) {
+    known_[entry] = p;
+    const OffloadEntry& e = plan.entries()[entry];
+    if (!p) {
+      Register(entry, e.forward_end, e.use_start);
+      return;
+    }
+    Register(entry, std::min(e.forward_end, p->offload_start),
+             std::max(p->offload_end, plan.SearchHigh(p->offload_search_gap)));
+    Register(entry, p->reload_start, std::max(p->reload_end, e.use_start));
+  }
+
+  void Reset(int entry) {
+    known_[entry].reset();
+    ++generation_[entry];
+  }
+
+  // Starts a new round of ForEachRegistered: each entry is visited at most once per round.
+  void NewRound() { ++round_; }
+
+  // Calls visit(entry) for each remembered entry registered in a bucket that [a, b] meets and
+  // not yet visited this round (a superset of those whose intervals meet [a, b]).
+  template <typename Visit>
+  void ForEachRegistered(double a, double b, Visit visit) {
+    for (std::size_t k = Bucket(a), last = Bucket(b); k <= last; ++k) {
+      std::vector<Registration>& bucket = buckets_[k];
+      for (std::size_t i = 0; i < bucket.size();) {
+        const Registration r = bucket[i];
+        if (r.generation != generation_[r.entry] || !known_[r.entry]) {
+          bucket[i] = bucket.back();  // a forgotten answer: drop its registration
+          bucket.pop_back();
+          continue;
+        }
+        ++i;
+        if (seen_[r.entry] == round_) continue;
+        seen_[r.entry] = round_;
+        visit(r.entry);
+      }
+    }
+  }
+
+ private:
+  struct Registration {
+    int entry;
+    std::uint32_t generation;
+  };
+  // Monotone in t (NaN and negatives go to the first bucket), so two closed intervals that
+  // share an instant share a bucket.
+  std::size_t Bucket(double t) const {
+    const double x = t * scale_;
+    if (!(x > 0.0)) return 0;
+    const std::size_t last = buckets_.size() - 1;
+    return x >= static_cast<double>(last) ? last : static_cast<std::size_t>(x);
+  }
+  void Register(int entry, double a, double b) {
+    for (std::size_t k = Bucket(a), last = Bucket(b); k <= last; ++k) {
+      buckets_[k].push_back({entry, generation_[entry]});
+    }
+  }
+
+  std::vector<std::optional<std::optional<Placement>>> known_;  // [entry]
+  std::vector<std::uint32_t> generation_;                       // [entry]: Resets so far
+  std::vector<std::uint32_t> seen_;                             // [entry]: its last round
+  std::uint32_t round_ = 0;
+  std::vector<std::vector<Registration>> buckets_;
+  double scale_ = 0.0;  // buckets per time unit
+};
 
 // One link group being planned: its stages, their link timelines and copy engines, and what
 // each stage may still offload.
@@ -57,16 +156,17 @@ struct LinkGroupPlan {
   // new candidate falls inside the entry's lifetime. Planning calls FindPlacement for every
   // entry resident at the peak, once per entry it offloads: without this, O(entries^2).
   std::optional<Placement> Find(int member, int entry) {
-    if (cached[member][entry]) return *cached[member][entry];
+    PlacementCache& cache = caches[member];
+    if (const auto& known = cache.Get(entry)) return *known;
     std::optional<Placement> p = plans[member].FindPlacement(entry, Resources(member));
-    cached[member][entry] = p;
+    cache.Put(plans[member], entry, p);
     return p;
   }
   // Forgets the remembered placements that committing `done` for member `committer` may have
   // changed.
   void Invalidate(int committer, const Placement& done);
 
-  std::vector<std::vector<std::optional<std::optional<Placement>>>> cached;  // [member][entry]
+  std::vector<PlacementCache> caches;  // [member]
   std::vector<std::vector<char>> fixed;  // [member][entry]: a gated copy (CommitGated)
 };
 

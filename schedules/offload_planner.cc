@@ -208,7 +208,7 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
                              });
     group.engines.emplace_back();
     group.h2d_ends.emplace_back();
-    group.cached.emplace_back(group.plans.back().entries().size());
+    group.caches.emplace_back(group.plans.back());
     group.fixed.emplace_back(group.plans.back().entries().size(), 0);
   }
   plan.fixed_barriers.resize(p);
