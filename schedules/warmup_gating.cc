@@ -39,9 +39,13 @@ Schedule PostAtTransfers(const Schedule& lowered, const Timeline& timeline, Time
       if (op.kind == OpKind::kForward) forward_rank[entry] = k;
       if (op.kind == OpKind::kBackward) backward_rank[entry] = k;
     }
-    std::vector<std::vector<int>> before(compute.size() + 1);  // P2P ops put before rank k
+    // before[r]: the rank among compute ops that p2p[r] is put before. Never decreasing in r
+    // (each is at least the one before it), so the P2P ops put before one compute op are a run
+    // of p2p, and the program is one merge of the two lists.
+    std::vector<int> before(p2p.size());
     int floor = 0;
-    for (const int i : p2p) {
+    for (std::size_t r = 0; r < p2p.size(); ++r) {
+      const int i = p2p[r];
       const TimedOp& t = timed[i];
       int k = static_cast<int>(
           std::lower_bound(compute.begin(), compute.end(), t.start,
@@ -55,18 +59,20 @@ Schedule PostAtTransfers(const Schedule& lowered, const Timeline& timeline, Time
       // Never earlier than it was: a post that was its transfer's binding bound stays put.
       k = std::max({k, floor, rank_before[i]});
       floor = k;
-      before[k].push_back(i);
+      before[r] = k;
     }
     std::vector<Op>& ops = out.stages[s].ops;
     std::vector<TimedOp>& times = moved->stages[s];
     ops.clear();
+    times.reserve(timed.size());
     const auto put = [&](int i) {
       ops.push_back(timed[i].op);
       times.push_back(timed[i]);
       times.back().index = static_cast<int>(times.size()) - 1;
     };
+    std::size_t r = 0;
     for (std::size_t k = 0; k <= compute.size(); ++k) {
-      for (const int i : before[k]) put(i);
+      for (; r < p2p.size() && before[r] == static_cast<int>(k); ++r) put(p2p[r]);
       if (k < compute.size()) put(compute[k]);
     }
   }
