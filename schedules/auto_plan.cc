@@ -18,10 +18,13 @@
 // Recompute (issue 15): when spec.recompute is lean or full, an order that does not fit without
 // offload is also tried with recompute instead of offload: for each mode allowed (lean, and
 // full when spec.recompute is full) the smallest of kRecomputeFractions of each stage's
-// entries, longest-lived first, that fits. Those compete with the offload plans on step time
-// (recompute costs compute time; offload is free while the link keeps up). One choice per
-// plan, not per entry: an entry is kept, offloaded or recomputed, and a plan never mixes
-// offload with recompute.
+// entries, longest-lived first, that fits. And where full offload alone does not fit, with
+// both per entry (one choice per entry: kept, offloaded or recomputed): po-f carries what the
+// link can, and rounds of RecomputeAtPeaks (recompute_mix.h) recompute entries at each stage's
+// peak that the plan kept, re-planning the offload around them each round, until the plan
+// fits: once recomputing lean (then, when full is allowed, upgrading to full where lean is not
+// enough) and once recomputing full. All compete on step time (recompute costs compute time;
+// offload is free while the link keeps up).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +40,7 @@
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 #include "schedules/offload_planner.h"
+#include "schedules/recompute_mix.h"
 
 namespace pipeoffload::internal {
 namespace {
@@ -59,6 +63,14 @@ constexpr Share kShares[] = {{OffloadPolicy::kNone, 0.0, "none"},
 
 // Shares of each stage's entries a recompute candidate recomputes, in increasing order.
 constexpr double kRecomputeFractions[] = {0.25, 0.5, 0.75, 1.0};
+
+// The most rounds of one mixed search (each compiles one plan). Each round covers every stage's
+// excess at its peak, so a few usually suffice; the bound keeps auto's time bounded when the
+// peak keeps moving.
+constexpr int kMaxMixRounds = 16;
+// Rounds without a lower peak after which a lean search goes on in full.
+constexpr int kMixRoundsWithoutGain = 3;
+constexpr int kFullOffload = 4;  // kShares' po-f
 
 struct Order {
   Family family;
@@ -106,6 +118,21 @@ std::int64_t Offloaded(const Predictions& predictions) {
   return bytes;
 }
 
+// "recompute lean 12, full 3 of 256 entries": what a per-entry choice recomputes.
+std::string ChoiceName(const RecomputeChoice& choice, const PipelineSpec& spec) {
+  int lean = 0, full = 0;
+  for (const auto& [key, mode] : choice) {
+    lean += mode == Recompute::kLean;
+    full += mode == Recompute::kFull;
+  }
+  std::string name = "recompute";
+  if (lean > 0) absl::StrAppend(&name, " lean ", lean);
+  if (full > 0) absl::StrAppend(&name, lean > 0 ? "," : "", " full ", full);
+  const std::int64_t entries = static_cast<std::int64_t>(spec.num_stages) *
+                               spec.num_microbatches * spec.chunks_per_stage;
+  return absl::StrCat(name, " of ", entries, " entries");
+}
+
 // The search state of PlanAuto: the incumbent, the smallest peak seen, and the log.
 struct Search {
   const PipelineSpec& spec;
@@ -117,10 +144,13 @@ struct Search {
   std::string last_error;
   int weighed = 0;
 
-  // Compiles `order` with share kShares[index]; nullopt when it does not compile.
+  // Compiles `order` with share kShares[index], recompute as spec.recompute = `recompute` and
+  // `recompute_fraction` would choose, or per entry as `choice` says when it is not null;
+  // nullopt when it does not compile.
   std::optional<Schedule> Try(const Order& order, const CostModel& cost, int index,
                               std::string* name, Recompute recompute = Recompute::kNone,
-                              double recompute_fraction = 1.0) {
+                              double recompute_fraction = 1.0,
+                              const RecomputeChoice* choice = nullptr) {
     const Share& share = kShares[index];
     PipelineSpec candidate = spec;
     candidate.recompute = recompute;
@@ -133,7 +163,9 @@ struct Search {
     candidate.offload_fraction = share.policy == OffloadPolicy::kSelective ? share.fraction : 0.0;
     candidate.offload_chunks = 0;
     candidate.strict = false;
-    absl::StatusOr<Schedule> compiled = Compile(candidate, cost);
+    absl::StatusOr<Schedule> compiled = choice != nullptr
+                                            ? CompileWithRecompute(candidate, cost, *choice)
+                                            : Compile(candidate, cost);
     ++weighed;
     *name = absl::StrCat(OrderName(order, compiled.ok() ? compiled->spec.group_size : order.g),
                          ", offload ", share.name);
@@ -141,6 +173,7 @@ struct Search {
       absl::StrAppend(name, absl::StrFormat(", recompute %s %g", RecomputeName(recompute),
                                             recompute_fraction));
     }
+    if (choice != nullptr) absl::StrAppend(name, ", ", ChoiceName(*choice, candidate));
     if (!compiled.ok()) {
       last_error = std::string(compiled.status().message());
       Log(absl::StrCat(*name, ": not applicable: ", last_error));
@@ -183,8 +216,47 @@ struct Search {
     }
     LogPlan(name, *plain);
     if (Fits(*plain)) return Consider(std::move(*plain), name);
-    TryOffloadShares(order, cost);
+    std::optional<Schedule> full_offload = TryOffloadShares(order, cost);
     TryRecompute(order, cost);
+    if (full_offload && spec.recompute != Recompute::kNone) {
+      TryMixed(order, cost, *full_offload, Recompute::kLean);
+      if (spec.recompute == Recompute::kFull) {
+        TryMixed(order, cost, *full_offload, Recompute::kFull);
+      }
+    }
+  }
+
+  // Full offload plus recompute per entry (the file comment), starting from `full_offload`
+  // (the order's po-f plan, which does not fit) and recomputing in `mode` first; a lean
+  // search goes on in full once lean lowers no stage further, when spec.recompute allows it.
+  void TryMixed(const Order& order, const CostModel& cost, const Schedule& full_offload,
+                Recompute mode) {
+    RecomputeChoice choice;
+    const Schedule* current = &full_offload;
+    std::optional<Schedule> candidate;
+    std::int64_t lowest = MaxPeak(*full_offload.predictions);
+    int stalled = 0;  // rounds since the worst stage's peak last came down
+    for (int round = 0; round < kMaxMixRounds; ++round) {
+      // Lean is not enough when it finds nothing more at the peaks or stops lowering them:
+      // go on in full, which keeps less, where spec.recompute allows it.
+      if (stalled >= kMixRoundsWithoutGain ||
+          RecomputeAtPeaks(*current, cost, spec.memory_budget_bytes, mode, &choice) == 0) {
+        // Nothing recomputed lean yet: that is the full search, made on its own.
+        if (mode == Recompute::kFull || spec.recompute != Recompute::kFull || round == 0) return;
+        mode = Recompute::kFull;
+        stalled = 0;
+        if (RecomputeAtPeaks(*current, cost, spec.memory_budget_bytes, mode, &choice) == 0) return;
+      }
+      std::string name;
+      candidate = Try(order, cost, kFullOffload, &name, Recompute::kNone, 1.0, &choice);
+      if (!candidate) return;
+      LogPlan(name, *candidate);
+      if (Fits(*candidate)) return Consider(*std::move(candidate), name);
+      const std::int64_t peak = MaxPeak(*candidate->predictions);
+      stalled = peak < lowest ? 0 : stalled + 1;
+      lowest = std::min(lowest, peak);
+      current = &*candidate;
+    }
   }
 
   // For each recompute mode spec.recompute allows, the smallest fraction that fits.
@@ -207,18 +279,19 @@ struct Search {
   }
 
   // The offload share bisection of TryOrder, for an order whose plain plan does not fit.
-  void TryOffloadShares(const Order& order, const CostModel& cost) {
+  // Returns the full offload plan when it does not fit either (the mixed search starts there).
+  std::optional<Schedule> TryOffloadShares(const Order& order, const CostModel& cost) {
     std::string name;
     int low = 1, high = static_cast<int>(std::size(kShares)) - 1;  // high: the fitting candidate
     std::optional<Schedule> fitting = Try(order, cost, high, &name);
-    if (!fitting) return;
+    if (!fitting) return std::nullopt;
     LogPlan(name, *fitting);
-    if (!Fits(*fitting)) return;
+    if (!Fits(*fitting)) return fitting;
     std::string fitting_name = name;
     while (low < high) {
       const int mid = (low + high) / 2;
       std::optional<Schedule> candidate = Try(order, cost, mid, &name);
-      if (!candidate) return;
+      if (!candidate) return std::nullopt;
       LogPlan(name, *candidate);
       if (Fits(*candidate)) {
         high = mid;
@@ -229,6 +302,7 @@ struct Search {
       }
     }
     Consider(*std::move(fitting), fitting_name);
+    return std::nullopt;
   }
 
   // Keeps `schedule` (which fits) when it is faster than the incumbent, or as fast and moves

@@ -35,20 +35,17 @@ absl::Status CheckRecomputeOffered(const Schedule& lowered, const RecomputeChoic
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost) {
-  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
-  if (spec.offload == OffloadPolicy::kAuto) {
-    return internal::PlanAuto(spec, cost, /*alternatives=*/nullptr);
-  }
+// Compile for a spec that is not auto: `given` is the recompute choice to carry out, or null
+// for the one spec.recompute makes.
+absl::StatusOr<Schedule> CompileOrder(const PipelineSpec& spec, const CostModel& cost,
+                                      const RecomputeChoice* given) {
   PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
   // Before anything is planned: the planner adds up bytes and times of this cost model too.
   PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
   PO_ASSIGN_OR_RETURN(const Schedule order, BuildComputeOrder(resolved, cost));
   PO_ASSIGN_OR_RETURN(Schedule lowered, LowerCommunication(order));
-  if (resolved.recompute != Recompute::kNone) {  // CheckRecomputeSpec: offload is none here
-    const RecomputeChoice choice = ChooseRecompute(lowered);
+  const RecomputeChoice choice = given != nullptr ? *given : ChooseRecompute(lowered);
+  if (!choice.empty()) {
     PO_RETURN_IF_ERROR(CheckRecomputeOffered(lowered, choice, cost));
     PO_ASSIGN_OR_RETURN(lowered, AddRecompute(lowered, choice));
   }
@@ -63,9 +60,35 @@ absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost
     lowered.predictions = std::move(timeline.predictions);
     return lowered;
   }
+  // The planner leaves recomputed entries where they are (one choice per entry).
   PO_ASSIGN_OR_RETURN(Schedule planned, internal::PlanOffloadOfLowered(lowered, cost));
   PO_DCHECK(planned.predictions.has_value() && Validate(planned).ok());
   return planned;
 }
+
+}  // namespace
+
+absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost) {
+  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
+  if (spec.offload == OffloadPolicy::kAuto) {
+    return internal::PlanAuto(spec, cost, /*alternatives=*/nullptr);
+  }
+  return CompileOrder(spec, cost, /*given=*/nullptr);
+}
+
+namespace internal {
+
+absl::StatusOr<Schedule> CompileWithRecompute(const PipelineSpec& spec, const CostModel& cost,
+                                              const RecomputeChoice& choice) {
+  if (spec.offload == OffloadPolicy::kAuto || spec.recompute != Recompute::kNone) {
+    return absl::InvalidArgumentError(
+        "CompileWithRecompute: the choice is given, so the spec names a concrete offload "
+        "policy and recompute none");
+  }
+  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
+  return CompileOrder(spec, cost, &choice);
+}
+
+}  // namespace internal
 
 }  // namespace pipeoffload

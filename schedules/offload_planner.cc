@@ -203,8 +203,8 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
     params.reload_margin =
         cost.reload_margin_in_backward_times * cost.BackwardTime(s, spec.split_backward);
     group.plans.emplace_back(s, std::move(ops), spec.split_backward, params,
-                             [&, map = spec.stage_map()](int chunk) {
-                               return cost.ActivationBytes(s, chunk, map);
+                             [&, map = spec.stage_map()](int chunk, Recompute mode) {
+                               return cost.RetainedBytes(s, chunk, map, mode);
                              });
     group.engines.emplace_back();
     group.h2d_ends.emplace_back();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pipeoffload/compiler.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
 
@@ -21,6 +22,15 @@ namespace pipeoffload::internal {
 // is, fails validation after all (a compiler bug).
 [[nodiscard]] absl::StatusOr<Schedule> PlanOffloadOfLowered(const Schedule& lowered,
                                                             const CostModel& cost);
+
+// Compile (compiler.h) with the recompute choice given per entry instead of the one
+// spec.recompute would make, and spec.offload planned around it: the offload planner leaves
+// recomputed entries on the device (one choice per entry). This is how `auto` mixes offload
+// and recompute. Errors: InvalidArgument when spec.offload is kAuto or spec.recompute is not
+// kNone (the choice is the recompute), and those of Compile.
+[[nodiscard]] absl::StatusOr<Schedule> CompileWithRecompute(const PipelineSpec& spec,
+                                                            const CostModel& cost,
+                                                            const RecomputeChoice& choice);
 
 // `auto`: compiles candidate plans (family, v, g, what to offload) for spec's p and m and
 // returns the fastest whose predicted peak activation bytes fit spec.memory_budget_bytes on

@@ -148,26 +148,37 @@ struct PeakPoint {
 
 class StagePlan {
  public:
-  // `ops` is the stage's lowered program, with simulated times. `entry_bytes(chunk)` gives an
-  // entry's size. REQUIRES: the program is complete (F and B, and W when split, of every
-  // (mb, chunk) once, F before B before W), start times never decrease along it, and it holds
-  // no offload ops.
+  // `ops` is the stage's lowered program, with simulated times. `entry_bytes(chunk, mode)`
+  // gives an entry's size (mode kNone) and what a recomputed entry keeps from its F to its
+  // RECOMPUTE* (its mode's retained block). A recomputed entry is no offload candidate (one
+  // choice per entry: its bytes() is 0) but holds memory all the same: the retained block from
+  // F, the full entry from its RECOMPUTE* (both at once while it runs, as the simulator counts)
+  // until the op that frees it. REQUIRES: the program is complete (F and B, and W when split,
+  // of every (mb, chunk) once, F before B before W, a RECOMPUTE* at most once per entry between
+  // its F and B), start times never decrease along it, and it holds no offload ops.
   template <typename BytesFn>
   StagePlan(int stage, std::vector<TimedBaselineOp> ops, bool split_backward,
             const StagePlanParams& params, BytesFn entry_bytes)
       : stage_(stage), ops_(std::move(ops)), params_(params) {
     const int m = params.num_microbatches;
     entries_.resize(static_cast<std::size_t>(m) * params.chunks_per_stage);
+    // Per entry: its RECOMPUTE*'s index and mode, or -1 / kNone when it is kept whole.
+    std::vector<int> recompute_index(entries_.size(), -1);
+    std::vector<Recompute> recompute_mode(entries_.size(), Recompute::kNone);
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const Op& op = ops_[i].op;
       if (!IsCompute(op.kind)) continue;
-      OffloadEntry& entry = entries_[static_cast<std::size_t>(op.chunk) * m + op.mb];
+      const std::size_t e = static_cast<std::size_t>(op.chunk) * m + op.mb;
+      OffloadEntry& entry = entries_[e];
       entry.mb = op.mb;
       entry.chunk = op.chunk;
-      if (op.kind == OpKind::kForward) {
+      if (IsRecompute(op.kind)) {
+        recompute_index[e] = i;
+        recompute_mode[e] = op.kind == OpKind::kRecompute ? Recompute::kFull : Recompute::kLean;
+      } else if (op.kind == OpKind::kForward) {
         entry.forward_index = i;
         entry.forward_end = ops_[i].end;
-        entry.bytes = entry_bytes(op.chunk);
+        entry.bytes = entry_bytes(op.chunk, Recompute::kNone);
       } else if (op.kind == OpKind::kBackward) {
         entry.use_index = i;
         entry.use_start = ops_[i].start;
@@ -177,11 +188,24 @@ class StagePlan {
       }
     }
     baseline_delta_.assign(ops_.size(), 0);
+    std::vector<std::pair<int, std::int64_t>> transient;  // (RECOMPUTE* index, retained)
     for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
-      const OffloadEntry& entry = entries_[e];
+      OffloadEntry& entry = entries_[e];
+      if (recompute_index[e] >= 0) {
+        const std::int64_t retained = entry_bytes(entry.chunk, recompute_mode[e]);
+        baseline_delta_[entry.forward_index] += retained;
+        baseline_delta_[recompute_index[e]] += entry.bytes - retained;
+        baseline_delta_[entry.free_index] -= entry.bytes;
+        // While it runs, the full entry and the retained block are both held.
+        transient.push_back({recompute_index[e], retained});
+        entry.bytes = 0;
+        continue;
+      }
       baseline_delta_[entry.forward_index] += entry.bytes;
       baseline_delta_[entry.free_index] -= entry.bytes;
     }
+    baseline_peak_ = baseline_delta_;
+    for (const auto& [index, extra] : transient) baseline_peak_[index] += extra;
     gaps_.resize(ops_.size() + 1);
     gap_issue_.assign(ops_.size() + 1, 0.0);
     for (int j = 1; j <= static_cast<int>(ops_.size()); ++j) {
@@ -551,11 +575,11 @@ class StagePlan {
       }
     }
     if (j < num_ops()) {
-      running += baseline_delta_[j];
-      if (running > leaf.best) {
-        leaf.best = running;
+      if (running + baseline_peak_[j] > leaf.best) {
+        leaf.best = running + baseline_peak_[j];
         leaf.at = BaselineKey(j);
       }
+      running += baseline_delta_[j];
     }
     leaf.sum = running;
     int node = leaves_ + j;
@@ -572,7 +596,7 @@ class StagePlan {
       Segment& leaf = tree_[leaves_ + j];
       leaf.sum = j < num_ops() ? baseline_delta_[j] : 0;
       if (j < num_ops()) {
-        leaf.best = leaf.sum;
+        leaf.best = baseline_peak_[j];
         leaf.at = BaselineKey(j);
       }
     }
@@ -608,6 +632,7 @@ class StagePlan {
   StagePlanParams params_;
   std::vector<OffloadEntry> entries_;              // index chunk * m + mb
   std::vector<std::int64_t> baseline_delta_;       // memory change of each baseline op
+  std::vector<std::int64_t> baseline_peak_;        // the most it adds while it runs (>= delta)
   std::vector<std::vector<InsertedOp>> gaps_;      // [gap], sorted by key
   std::vector<double> gap_issue_;                  // [gap]: when an op placed there is issued
   std::vector<Segment> tree_;                      // Peak(): 1-based heap over the gaps

@@ -120,10 +120,18 @@ std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost
   const VirtualStageMap map = spec.stage_map();
   const std::vector<Op>& ops = lowered.stages[s].ops;
   std::vector<double> use_start(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0.0);
+  // Recomputed entries are no candidates (one choice per entry) and not in the policy's total.
+  std::vector<char> recomputed(use_start.size(), 0);
+  for (const Op& op : ops) {
+    if (IsRecompute(op.kind)) recomputed[static_cast<std::size_t>(op.chunk) * m + op.mb] = 1;
+  }
   int first_backward = static_cast<int>(ops.size());
   std::int64_t total = 0;
   for (int i = static_cast<int>(ops.size()) - 1; i >= 0; --i) {
-    if (ops[i].kind == OpKind::kForward) total += cost.ActivationBytes(s, ops[i].chunk, map);
+    if (ops[i].kind == OpKind::kForward &&
+        !recomputed[static_cast<std::size_t>(ops[i].chunk) * m + ops[i].mb]) {
+      total += cost.ActivationBytes(s, ops[i].chunk, map);
+    }
     if (ops[i].kind != OpKind::kBackward) continue;
     use_start[static_cast<std::size_t>(ops[i].chunk) * m + ops[i].mb] = timed[i].start;
     first_backward = i;
@@ -136,7 +144,7 @@ std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost
     const Op& op = ops[i];
     const std::int64_t bytes = cost.ActivationBytes(s, op.chunk, map);
     if (op.kind != OpKind::kForward || bytes <= 0 || !Candidate(spec, op.chunk) ||
-        op.chunk >= chunks) {
+        op.chunk >= chunks || recomputed[static_cast<std::size_t>(op.chunk) * m + op.mb]) {
       continue;
     }
     const double d2h = static_cast<double>(bytes) / std::min(cost.d2h_bandwidth,

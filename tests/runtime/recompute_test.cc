@@ -4,6 +4,7 @@
 // on 1F1B and interleaved; each stage's measured stash high-water mark equals the simulator's
 // predicted peak_bytes exactly, and stage 0's peak is below the no-recompute one. A model that
 // does not offer a mode is refused before anything runs.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,55 @@ TEST_CASE("a full recompute's stash peak is exact by hand", "[runtime][recompute
   CHECK(bytes == std::vector<std::int64_t>{0, retained, 2 * retained, 2 * retained + saved,
                                            retained + saved, retained, retained + saved, saved,
                                            0});
+}
+
+TEST_CASE("auto's per-entry mix of offload and recompute runs bitwise with exact peaks",
+          "[runtime][recompute][mix]") {
+  // Below what full offload reaches on its own, auto keeps, offloads or recomputes each entry
+  // (schedules/recompute_mix.h); the CPU run carries out all three in one program.
+  HarnessOptions options;
+  options.width = kWidth;
+  options.extra_words = kExtraWords;
+  for (const bool split : {false, true}) {
+    const Case c{Family::kInterleaved, 2, split, Pick::kKeep};
+    INFO(Name(c));
+    const CostModel cost = ToyCosts(c);
+    PipelineSpec spec = CaseSpec(c);
+    spec.offload = OffloadPolicy::kFull;
+    absl::StatusOr<Schedule> full_offload = Compile(spec, cost);
+    REQUIRE(full_offload.ok());
+    std::int64_t po_f_peak = 0;
+    for (const StagePrediction& stage : full_offload->predictions->stages) {
+      po_f_peak = std::max(po_f_peak, stage.peak_bytes);
+    }
+    spec.offload = OffloadPolicy::kAuto;
+    spec.recompute = Recompute::kFull;
+    spec.memory_budget_bytes = po_f_peak * 7 / 8;
+    absl::StatusOr<Schedule> schedule = Compile(spec, cost);
+    INFO(schedule.status().ToString());
+    REQUIRE(schedule.ok());
+    INFO(schedule->predictions->warnings.back());
+    CHECK(CountRecomputeOps(*schedule, OpKind::kOffload) > 0);
+    CHECK(CountRecomputeOps(*schedule, OpKind::kRecompute) +
+              CountRecomputeOps(*schedule, OpKind::kRecomputeLean) >
+          0);
+    const std::vector<StageOutcome> outcomes = RunToyPipeline(*schedule, options);
+    for (std::size_t d = 0; d < outcomes.size(); ++d) {
+      INFO("stage " << d << ": " << outcomes[d].status.ToString());
+      REQUIRE(outcomes[d].status.ok());
+    }
+    CHECK(GradsByVirtualStage(outcomes, kStages, c.chunks) ==
+          ToyReference(ToyConfig{kStages, c.chunks, kMicrobatches, kWidth, kExtraWords}));
+    for (int d = 0; d < kStages; ++d) {
+      CAPTURE(d);
+      const StagePrediction& predicted = schedule->predictions->stages[static_cast<std::size_t>(d)];
+      const IterationStats& measured = outcomes[static_cast<std::size_t>(d)].iterations[0];
+      CHECK(predicted.peak_bytes <= spec.memory_budget_bytes);
+      CHECK(measured.stash_high_water_bytes == predicted.peak_bytes);
+      CHECK(measured.offloaded_bytes == predicted.offloaded_bytes);
+      CHECK(outcomes[static_cast<std::size_t>(d)].arena_in_use_after == 0);
+    }
+  }
 }
 
 // The toy model without its recompute hooks: StageModel's defaults.

@@ -217,7 +217,7 @@ StagePlan HandMadeStage() {
   params.h2d_bandwidth = 2.0;
   params.reload_margin = 2.0;
   return StagePlan(0, std::move(ops), /*split_backward=*/false, params,
-                   [](int) { return std::int64_t{1}; });
+                   [](int, Recompute) { return std::int64_t{1}; });
 }
 
 TEST_CASE("stage plan places transfers exactly where the simulator can start them",
@@ -305,7 +305,8 @@ TEST_CASE("barriers pair hand-overs at the same cut on both stages", "[planner]"
     for (int i = 0; i < 4; ++i) ops.push_back({testing::B(i), 10.0 + i, 11.0 + i});
     StagePlanParams params;
     params.num_microbatches = 4;
-    return StagePlan(stage, std::move(ops), false, params, [](int) { return std::int64_t{1}; });
+    return StagePlan(stage, std::move(ops), false, params,
+                     [](int, Recompute) { return std::int64_t{1}; });
   };
   const StagePlan a = make(4, 0.0), b = make(5, 0.5);
   const std::vector<PlannedTransfer> transfers = {

@@ -15,6 +15,7 @@
 #include "pipeoffload/schedule_io.h"
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
+#include "schedules/offload_planner.h"
 #include "tests/testing/catch.h"
 #include "tests/testing/schedule_builders.h"
 
@@ -256,6 +257,68 @@ TEST_CASE("auto may recompute when the link cannot carry the offload", "[recompu
   absl::StatusOr<Schedule> again = Compile(spec, cost);
   REQUIRE(again.ok() == offload_only.ok());
   if (again.ok()) CHECK(again->stages == offload_only->stages);
+}
+
+
+TEST_CASE("auto mixes offload and recompute per entry where offload alone cannot fit",
+          "[recompute][auto][mix]") {
+  // k = 1: an entry's copy takes 3 F, so in 1F1B's warm-up (forwards back to back) the link
+  // cannot take every entry out in time: po-f stops above the budget below, and recomputing
+  // alone costs one F per recomputed entry.
+  const CostModel cost = UnitCostModel(1.0);
+  PipelineSpec spec = MakeSpec(Family::k1F1B, 4, 16, 1);
+  spec.offload = OffloadPolicy::kFull;
+  absl::StatusOr<Schedule> full_offload = Compile(spec, cost);
+  REQUIRE(full_offload.ok());
+  std::int64_t po_f_peak = 0;
+  for (const StagePrediction& stage : full_offload->predictions->stages) {
+    po_f_peak = std::max(po_f_peak, stage.peak_bytes);
+  }
+  spec.offload = OffloadPolicy::kAuto;
+  spec.memory_budget_bytes = po_f_peak - cost.activation_bytes;  // one entry below po-f
+  spec.recompute = Recompute::kFull;
+  absl::StatusOr<Schedule> mixed = Compile(spec, cost);
+  INFO(mixed.status().ToString());
+  REQUIRE(mixed.ok());
+  const int recomputed =
+      Count(*mixed, OpKind::kRecompute) + Count(*mixed, OpKind::kRecomputeLean);
+  CHECK(Count(*mixed, OpKind::kOffload) > 0);
+  CHECK(recomputed > 0);
+  // One choice per entry (Validate's recompute life cycle), and every stage fits.
+  CHECK(Validate(*mixed).ok());
+  for (const StagePrediction& stage : mixed->predictions->stages) {
+    CHECK(stage.peak_bytes <= spec.memory_budget_bytes);
+  }
+  // The predictions are the simulator's for the program it returns (priced for its v).
+  absl::StatusOr<Timeline> again =
+      Simulate(*mixed, internal::RechunkedCost(cost, 1, mixed->spec.chunks_per_stage));
+  REQUIRE(again.ok());
+  for (std::size_t s = 0; s < again->predictions.stages.size(); ++s) {
+    CHECK(again->predictions.stages[s].peak_bytes == mixed->predictions->stages[s].peak_bytes);
+  }
+  CHECK(again->predictions.step_time == mixed->predictions->step_time);
+  // Faster than every recompute-only plan of the same order that fits.
+  int fitting_recompute_only = 0;
+  for (const Recompute mode : {Recompute::kLean, Recompute::kFull}) {
+    for (const double fraction : {0.25, 0.5, 0.75, 1.0}) {
+      PipelineSpec alone = MakeSpec(Family::k1F1B, 4, 16, 1);
+      alone.recompute = mode;
+      alone.recompute_fraction = fraction;
+      absl::StatusOr<Schedule> plan = Compile(alone, cost);
+      REQUIRE(plan.ok());
+      std::int64_t peak = 0;
+      for (const StagePrediction& stage : plan->predictions->stages) {
+        peak = std::max(peak, stage.peak_bytes);
+      }
+      if (peak > spec.memory_budget_bytes) continue;
+      ++fitting_recompute_only;
+      CAPTURE(RecomputeName(mode), fraction);
+      CHECK(mixed->predictions->step_time < plan->predictions->step_time);
+    }
+  }
+  CHECK(fitting_recompute_only > 0);
+  // Only the entries the link could not carry are recomputed: fewer than half of them.
+  CHECK(2 * recomputed < 4 * 16 * mixed->spec.chunks_per_stage);
 }
 
 }  // namespace
