@@ -152,6 +152,9 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
     spec.offload = offload;
     spec.chunks_per_stage = family == Family::k1F1B ? 1 : v;
     spec.group_size = family == Family::kGroupInterleaved ? base.group_size : 0;
+    // Recompute is one choice per entry, refused beside po-h / po-f / selective: only the
+    // recompute rows below (and auto, which takes it as a bound) keep the base's --recompute.
+    if (offload != OffloadPolicy::kAuto) spec.recompute = Recompute::kNone;
     return ComparisonRow{std::move(label), spec, absl::UnknownError("not compiled")};
   };
   std::vector<ComparisonRow> rows;
@@ -161,6 +164,16 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
   rows.push_back(make("po-h (group-interleaved)", Family::kGroupInterleaved, OffloadPolicy::kHalf));
   rows.push_back(make("po-f (group-interleaved)", Family::kGroupInterleaved, OffloadPolicy::kFull));
   rows.push_back(make("po-f (1f1b)", Family::k1F1B, OffloadPolicy::kFull));
+  // Recompute instead of offload (issue 15), on 1f1b beside po-f (1f1b): the base's
+  // --recompute-fraction / --recompute-chunks, every entry by default.
+  for (const Recompute mode : {Recompute::kFull, Recompute::kLean}) {
+    ComparisonRow row = make("", Family::k1F1B, OffloadPolicy::kNone);
+    row.spec.recompute = mode;
+    row.spec.recompute_fraction = base.recompute_fraction;
+    row.spec.recompute_chunks = std::min(base.recompute_chunks, 1);
+    row.label = absl::StrCat("recompute ", RecomputeName(mode), " (1f1b)");
+    rows.push_back(std::move(row));
+  }
   // torch's V schedules (v placement, two chunks per stage, split backward); DualPipeV only
   // where it is defined (m >= 2p).
   for (Family family : {Family::kZbv, Family::kDualPipeV}) {
@@ -195,7 +208,7 @@ std::string FormatComparison(const std::vector<ComparisonRow>& rows, ReportUnits
   double baseline = 0;
   for (const ComparisonRow& row : rows) {
     if (row.spec.family == Family::k1F1B && row.spec.offload == OffloadPolicy::kNone &&
-        row.result.ok()) {
+        row.spec.recompute == Recompute::kNone && row.result.ok()) {
       baseline = row.result->predictions->step_time;
     }
   }

@@ -110,6 +110,16 @@ enum {
   PO_OP_RECOMPUTE_LEAN = 12   /* "RECOMPUTE_LEAN": rebuild it from the lean layout */
 };
 
+/* Recompute modes (po_stage_callbacks.retained_bytes, po_compute_args.recompute), numbered as
+ * stage_model.h's Recompute; po_spec.recompute spells them "none", "lean", "full". */
+enum {
+  PO_RECOMPUTE_NONE = 0,
+  PO_RECOMPUTE_LEAN = 1, /* F keeps the lean layout (the expensive parts); RECOMPUTE_LEAN
+                            rebuilds the cheap parts */
+  PO_RECOMPUTE_FULL = 2  /* F keeps what re-running the chunk needs (normally its input);
+                            RECOMPUTE runs the chunk's forward again */
+};
+
 /* One instruction of a stage's program (frozen layout). `chunk` is the chunk on the op's own
  * stage; `peer` is the other stage of P2P ops and BARRIER, -1 otherwise; a BARRIER that guards
  * no transfer has mb = chunk = -1. */
@@ -146,6 +156,18 @@ typedef struct po_spec {
   const char* offload;      /* "none" | "po-h" | "po-f" | "selective" | "auto"; NULL = "none" */
   double offload_fraction;  /* selective: share of the activation volume, in [0, 1] */
   int64_t memory_budget_bytes; /* auto: per-stage activation budget */
+  /* Appended after the first release (a caller with the older struct_size gets the defaults:
+   * nothing recomputed). Recompute (issue 15): the chosen entries' F keeps only a retained
+   * block and a RECOMPUTE / RECOMPUTE_LEAN op right before their B rebuilds the full entry.
+   * Needs offload "none", or "auto", where `recompute` is the most the planner may use per
+   * entry ("lean": keep, offload or lean; "full": any of the four). Running it needs stage
+   * callbacks that offer the mode (po_stage_callbacks.retained_bytes). */
+  const char* recompute;      /* "none" | "lean" | "full"; NULL = "none" */
+  double recompute_fraction;  /* share of each stage's entries, longest-lived first, in (0, 1];
+                                 default 1 */
+  int32_t recompute_chunks;   /* every entry of chunks [0, n) instead, n in [0, v]; 0 = use
+                                 recompute_fraction */
+  int32_t reserved;
 } po_spec;
 
 /* Sets struct_size and the defaults above. */
@@ -383,7 +405,8 @@ PO_C_API_EXPORT void po_callback_error_set(po_callback_error* error, const char*
  * only the fields it knows (a newer header's fields past struct_size do not exist). */
 typedef struct po_compute_args {
   uint32_t struct_size;
-  int32_t kind;             /* PO_OP_FORWARD, PO_OP_BACKWARD or PO_OP_BACKWARD_WEIGHT */
+  int32_t kind;             /* PO_OP_FORWARD, PO_OP_BACKWARD, PO_OP_BACKWARD_WEIGHT, or
+                               PO_OP_RECOMPUTE / PO_OP_RECOMPUTE_LEAN (the recompute callback) */
   int32_t stage;
   int32_t mb;
   int32_t chunk;            /* the chunk on this stage */
@@ -403,6 +426,16 @@ typedef struct po_compute_args {
   int64_t boundary_bytes;
   int64_t saved_bytes;
   uint64_t stream;          /* 0 on the CPU backend; the cudaStream_t on the CUDA backend */
+  /* Appended after the first release: recompute. In every call but forward_retaining and
+   * recompute: PO_RECOMPUTE_NONE, NULL and 0. */
+  int32_t recompute;        /* PO_RECOMPUTE_LEAN or _FULL: how the entry is recomputed
+                               (forward_retaining, recompute; RECOMPUTE_LEAN = lean) */
+  int32_t reserved;
+  /* forward_retaining: where F writes the retained block (retained_bytes long) instead of the
+   * full entry (`saved` is NULL then; saved_bytes still gives the full entry's size).
+   * recompute: that block, to read; `saved` is where the full entry is rebuilt. */
+  void* retained;
+  int64_t retained_bytes;   /* retained_bytes(stage, chunk, recompute, split_backward) */
 } po_compute_args;
 
 /* A compute callback: PO_OK, or an error code (and po_callback_error_set for the reason). */
@@ -423,6 +456,24 @@ typedef struct po_stage_callbacks {
   po_compute_fn forward;          /* F */
   po_compute_fn backward;         /* B */
   po_compute_fn backward_weight;  /* W; may be NULL when the schedule does not split W */
+  /* Appended after the first release: recompute (StageModel::RetainedBytes, ForwardRetaining,
+   * RecomputeSaved). Optional: all three NULL (a table of the older struct_size reads so) means
+   * the stage offers no recompute, and open fails naming the stage, op, chunk and mode when the
+   * schedule recomputes one of its entries. Set all three or none. */
+  /* Bytes F keeps of an entry of `chunk` recomputed with `mode` (PO_RECOMPUTE_LEAN or _FULL):
+   * > 0, or -1 when the stage does not offer `mode` for `chunk` (auto then never picks it; a
+   * schedule that asks for it fails open). The same for every microbatch; called during open
+   * and run, so it must always give the same answer. */
+  int64_t (*retained_bytes)(void* user, int32_t stage, int32_t chunk, int32_t mode,
+                            int32_t split_backward);
+  /* F of an entry that will be recomputed (args->recompute says how): the same input and
+   * output as forward (bitwise the same output), but writes only the retained block
+   * (args->retained) instead of the full entry. */
+  po_compute_fn forward_retaining;
+  /* RECOMPUTE / RECOMPUTE_LEAN, right before the entry's B, on the compute queue: rebuilds the
+   * full entry in args->saved (exactly what forward would have written) from args->retained.
+   * No side effects beyond `saved` (the loss is not accounted twice, no state advances). */
+  po_compute_fn recompute;
 } po_stage_callbacks;
 
 /* Sets struct_size, zeroes the rest (every callback NULL, which open rejects). */
@@ -459,9 +510,13 @@ PO_C_API_EXPORT void po_pipeline_options_init(po_pipeline_options* options);
  * The pipeline has num_stages stages, which must be the schedule's stage count.
  * Errors: INVALID_ARGUMENT for null pointers, num_stages < 1, a bad struct_size or nonzero
  * reserved field, not exactly one schedule source, a NULL forward / backward / saved_bytes, a
- * NULL backward_weight under a schedule that splits W, boundary_bytes <= 0 or saved_bytes <= 0
- * (naming the stage), stages that disagree on boundary_bytes, an unknown backend;
- * FAILED_PRECONDITION for a schedule of another stage count, or an invalid one;
+ * NULL backward_weight under a schedule that splits W, some but not all of retained_bytes /
+ * forward_retaining / recompute set, boundary_bytes <= 0 or saved_bytes <= 0 (naming the
+ * stage), stages that disagree on boundary_bytes, an unknown backend, a spec whose recompute
+ * mode a stage does not offer for a chunk (retained_bytes NULL, or not > 0; the planner's
+ * message names the stage, chunk and mode); FAILED_PRECONDITION for a schedule of another stage
+ * count, or an invalid one, or a given schedule that recomputes an entry with a mode its stage
+ * does not offer (naming the op, chunk and mode);
  * RESOURCE_EXHAUSTED for an arena_budget_bytes the plan does not fit (with the numbers);
  * UNIMPLEMENTED for PO_BACKEND_CUDA in a library built without CUDA; those of
  * po_schedule_compile and po_schedule_load. */
@@ -503,6 +558,8 @@ typedef struct po_iteration_stats {
   double end_time;
   double compute_seconds;          /* inside the callbacks */
   double wait_seconds;             /* blocked on receives, copies, reloads and barriers */
+  /* Appended after the first release. */
+  double recompute_seconds;        /* of compute_seconds: the recompute callback */
 } po_iteration_stats;
 
 /* Stats of `stage` in iteration `iteration` of the last po_pipeline_run (the caller sets

@@ -80,7 +80,7 @@ template <typename Handle>
                                            std::size_t known_size, std::string_view name);
 
 // Sizes of each struct in its first release: fields after these bytes came later and keep their
-// defaults for older callers. (Equal to sizeof today; they stay fixed when fields are added.)
+// defaults for older callers. (They stay fixed when fields are added: po_spec has grown.)
 inline constexpr std::size_t kSpecSizeV1 = 64;
 inline constexpr std::size_t kCostOptionsSizeV1 = 48;
 inline constexpr std::size_t kLoadOptionsSizeV1 = 24;

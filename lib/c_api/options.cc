@@ -19,8 +19,8 @@ static_assert(sizeof(void*) == 8, "the C ABI's struct sizes assume 64-bit pointe
 // No implicit padding anywhere, so a field appended later starts past the old sizeof (c_api.h);
 // and each struct's size today is its first release's. When a field is appended, the second
 // assertion of that struct changes to name the new last field, and the V1 size stays.
-static_assert(offsetof(po_spec, memory_budget_bytes) + 8 == sizeof(po_spec));
-static_assert(sizeof(po_spec) == kSpecSizeV1);
+static_assert(offsetof(po_spec, reserved) + 4 == sizeof(po_spec));
+static_assert(offsetof(po_spec, recompute) == kSpecSizeV1);
 static_assert(offsetof(po_cost_options, cost_model_json) + 8 == sizeof(po_cost_options));
 static_assert(sizeof(po_cost_options) == kCostOptionsSizeV1);
 static_assert(offsetof(po_load_options, family) + 8 == sizeof(po_load_options));
@@ -40,6 +40,7 @@ po_spec DefaultSpec() {
   spec.num_stages = 8;         // po-schedule's --stages default
   spec.num_microbatches = 32;  // po-schedule's --microbatches default
   spec.chunks_per_stage = 1;
+  spec.recompute_fraction = PipelineSpec().recompute_fraction;  // po-schedule's default, 1
   return spec;
 }
 
@@ -89,9 +90,18 @@ absl::StatusOr<OffloadPolicy> OffloadPolicyNamed(const char* name, std::string_v
 absl::StatusOr<PipelineSpec> ToPipelineSpec(const po_spec* in) {
   PO_ASSIGN_OR_RETURN(const po_spec spec,
                       ReadVersioned(in, DefaultSpec(), kSpecSizeV1, "po_spec"));
+  if (spec.reserved != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("po_spec.reserved must be 0 (got ", spec.reserved, ")"));
+  }
   PipelineSpec out;
   PO_ASSIGN_OR_RETURN(out.family, FamilyNamed(spec.family, "po_spec.family"));
   PO_ASSIGN_OR_RETURN(out.offload, OffloadPolicyNamed(spec.offload, "po_spec.offload"));
+  PO_ASSIGN_OR_RETURN(out.recompute, Named(spec.recompute, "none", "po_spec.recompute",
+                                           &RecomputeFromName, "recompute mode",
+                                           "none, lean or full"));
+  out.recompute_fraction = spec.recompute_fraction;  // the compiler checks the ranges
+  out.recompute_chunks = spec.recompute_chunks;
   out.num_stages = spec.num_stages;
   out.num_microbatches = spec.num_microbatches;
   out.chunks_per_stage = spec.chunks_per_stage;
@@ -118,6 +128,9 @@ po_spec FromPipelineSpec(const PipelineSpec& spec) {
   out.offload = OffloadPolicyName(spec.offload).data();
   out.offload_fraction = spec.offload_fraction;
   out.memory_budget_bytes = spec.memory_budget_bytes;
+  out.recompute = RecomputeName(spec.recompute);  // static
+  out.recompute_fraction = spec.recompute_fraction;
+  out.recompute_chunks = spec.recompute_chunks;
   return out;
 }
 

@@ -63,6 +63,7 @@ std::optional<absl::Status> CallbackFailures::first() const {
 void CallbackStageModel::Prepare(std::uint64_t stream, bool split_backward,
                                  int chunks_per_stage) {
   stream_ = stream;
+  split_backward_ = split_backward;
   saved_bytes_.clear();
   for (int c = 0; c < chunks_per_stage; ++c) saved_bytes_.push_back(SavedBytes(c, split_backward));
 }
@@ -136,6 +137,48 @@ absl::Status CallbackStageModel::BackwardWeight(int mb, int chunk, void* saved) 
   }
   return Call(callbacks_.backward_weight, Args(PO_OP_BACKWARD_WEIGHT, mb, chunk, saved),
               "backward_weight");
+}
+
+std::int64_t CallbackStageModel::RetainedBytes(int chunk, Recompute mode,
+                                               bool split_backward) const {
+  if (callbacks_.retained_bytes == nullptr || mode == Recompute::kNone) return -1;
+  return callbacks_.retained_bytes(callbacks_.user, stage_, chunk, static_cast<std::int32_t>(mode),
+                                   split_backward ? 1 : 0);
+}
+
+po_compute_args CallbackStageModel::RecomputeArgs(std::int32_t kind, int mb, int chunk,
+                                                  void* saved, const void* retained,
+                                                  Recompute mode) const {
+  po_compute_args args = Args(kind, mb, chunk, saved);
+  args.recompute = static_cast<std::int32_t>(mode);
+  // The C struct has one non-const pointer for both directions; recompute only reads it.
+  args.retained = const_cast<void*>(retained);
+  args.retained_bytes = RetainedBytes(chunk, mode, split_backward_);
+  return args;
+}
+
+absl::Status CallbackStageModel::ForwardRetaining(int mb, int chunk, const void* input,
+                                                  void* output, void* retained,
+                                                  Recompute mode) {
+  // The runtime asks only for modes RetainedBytes offered, so the callbacks are set.
+  if (callbacks_.forward_retaining == nullptr) {
+    return absl::InternalError("ForwardRetaining called without a forward_retaining callback");
+  }
+  po_compute_args args =
+      RecomputeArgs(PO_OP_FORWARD, mb, chunk, /*saved=*/nullptr, retained, mode);
+  args.input = input;
+  args.output = output;
+  return Call(callbacks_.forward_retaining, args, "forward_retaining");
+}
+
+absl::Status CallbackStageModel::RecomputeSaved(int mb, int chunk, const void* retained,
+                                                void* saved, Recompute mode) {
+  if (callbacks_.recompute == nullptr) {
+    return absl::InternalError("RecomputeSaved called without a recompute callback");
+  }
+  const std::int32_t kind = mode == Recompute::kLean ? PO_OP_RECOMPUTE_LEAN : PO_OP_RECOMPUTE;
+  return Call(callbacks_.recompute, RecomputeArgs(kind, mb, chunk, saved, retained, mode),
+              "recompute");
 }
 
 absl::Status CallIterationCallback(po_iteration_fn function, void* user,

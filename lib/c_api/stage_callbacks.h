@@ -68,8 +68,19 @@ class CallbackStageModel final : public StageModel {
                         bool with_weight_grad) override;
   absl::Status BackwardWeight(int mb, int chunk, void* saved) override;
 
+  // Recompute: -1 (not offered) without a retained_bytes callback (ReadCallbacks makes the
+  // three callbacks all or none); the runtime refuses a program that needs an answer <= 0.
+  std::int64_t RetainedBytes(int chunk, Recompute mode, bool split_backward) const override;
+  absl::Status ForwardRetaining(int mb, int chunk, const void* input, void* output,
+                                void* retained, Recompute mode) override;
+  absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
+                              Recompute mode) override;
+
  private:
   po_compute_args Args(std::int32_t kind, int mb, int chunk, void* saved) const;
+  // Args of a recompute call: the mode, the retained block and its size.
+  po_compute_args RecomputeArgs(std::int32_t kind, int mb, int chunk, void* saved,
+                                const void* retained, Recompute mode) const;
   // Calls `function` unless another stage failed first (Cancelled then: the run reports the
   // first failure). Records and returns a failure.
   absl::Status Call(po_compute_fn function, const po_compute_args& args, std::string_view name);
@@ -79,6 +90,7 @@ class CallbackStageModel final : public StageModel {
   CallbackFailures& failures_;
   std::uint64_t stream_ = 0;
   std::vector<std::int64_t> saved_bytes_;  // [chunk], from Prepare
+  bool split_backward_ = false;            // from Prepare: what retained_bytes is asked with
 };
 
 // Calls `function(user, iteration, &error)` (po_iteration_fn) and returns its status, the

@@ -1,6 +1,7 @@
 // The option and callback readers shared by po_pipeline and po_stage (stage_setup.h).
 #include "lib/c_api/stage_setup.h"
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -15,6 +16,16 @@ namespace {
 
 constexpr std::size_t kPipelineOptionsSizeV1 = 64;
 constexpr std::size_t kStageCallbacksSizeV1 = 56;
+// Fields appended since the first release start past its size (no implicit padding).
+static_assert(offsetof(po_stage_callbacks, retained_bytes) == kStageCallbacksSizeV1);
+static_assert(offsetof(po_stage_callbacks, recompute) + 8 == sizeof(po_stage_callbacks));
+static_assert(offsetof(po_iteration_stats, recompute_seconds) == kIterationStatsSizeV1);
+static_assert(offsetof(po_iteration_stats, recompute_seconds) + 8 == sizeof(po_iteration_stats));
+static_assert(offsetof(po_compute_args, recompute) == 72);  // the first release's sizeof
+static_assert(offsetof(po_compute_args, retained_bytes) + 8 == sizeof(po_compute_args));
+static_assert(PO_RECOMPUTE_NONE == static_cast<int>(Recompute::kNone));
+static_assert(PO_RECOMPUTE_LEAN == static_cast<int>(Recompute::kLean));
+static_assert(PO_RECOMPUTE_FULL == static_cast<int>(Recompute::kFull));
 
 // Exactly one schedule source, as StageOptions wants it.
 absl::Status ReadScheduleSource(const po_pipeline_options& options, int num_stages,
@@ -114,6 +125,15 @@ absl::StatusOr<po_stage_callbacks> ReadCallbacks(const po_stage_callbacks* table
   for (const auto& [function, field] : required) {
     PO_RETURN_IF_ERROR(NotNull(function, absl::StrCat(name, ".", field)));
   }
+  // Recompute is offered whole or not at all: half a table would fail mid-run instead.
+  const int recompute_set = (callbacks.retained_bytes != nullptr) +
+                            (callbacks.forward_retaining != nullptr) +
+                            (callbacks.recompute != nullptr);
+  if (recompute_set != 0 && recompute_set != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": set all of retained_bytes, forward_retaining and recompute, or none (",
+        recompute_set, " of 3 are set)"));
+  }
   if (callbacks.boundary_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ".boundary_bytes must be > 0 (got ",
                                                    callbacks.boundary_bytes, ")"));
@@ -142,6 +162,7 @@ po_iteration_stats ToC(const IterationStats& stats) {
   out.end_time = stats.end_time;
   out.compute_seconds = stats.compute_seconds;
   out.wait_seconds = stats.wait_seconds;
+  out.recompute_seconds = stats.recompute_seconds;
   return out;
 }
 

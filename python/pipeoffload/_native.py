@@ -75,7 +75,9 @@ class Spec(ctypes.Structure):
                 ("group_size", ctypes.c_int32), ("split_backward", ctypes.c_int32),
                 ("offload_chunks", ctypes.c_int32), ("strict", ctypes.c_int32),
                 ("family", ctypes.c_char_p), ("offload", ctypes.c_char_p),
-                ("offload_fraction", ctypes.c_double), ("memory_budget_bytes", ctypes.c_int64)]
+                ("offload_fraction", ctypes.c_double), ("memory_budget_bytes", ctypes.c_int64),
+                ("recompute", ctypes.c_char_p), ("recompute_fraction", ctypes.c_double),
+                ("recompute_chunks", ctypes.c_int32), ("reserved", ctypes.c_int32)]
 
 
 class CostOptions(ctypes.Structure):
@@ -123,7 +125,9 @@ class ComputeArgs(ctypes.Structure):
                 ("with_weight_grad", ctypes.c_int32), ("input", ctypes.c_void_p),
                 ("output", ctypes.c_void_p), ("saved", ctypes.c_void_p),
                 ("boundary_bytes", ctypes.c_int64), ("saved_bytes", ctypes.c_int64),
-                ("stream", ctypes.c_uint64)]
+                ("stream", ctypes.c_uint64), ("recompute", ctypes.c_int32),
+                ("reserved", ctypes.c_int32), ("retained", ctypes.c_void_p),
+                ("retained_bytes", ctypes.c_int64)]
 
 
 # po_compute_fn, saved_bytes and po_iteration_fn; the po_callback_error* stays a void*.
@@ -131,6 +135,9 @@ ComputeFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(Com
                              ctypes.c_void_p)
 SavedBytesFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
                                 ctypes.c_int32)
+# retained_bytes(user, stage, chunk, mode, split_backward)
+RetainedBytesFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,
+                                   ctypes.c_int32, ctypes.c_int32, ctypes.c_int32)
 IterationFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
 
 
@@ -138,7 +145,9 @@ class StageCallbacks(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_int32),
                 ("user", ctypes.c_void_p), ("boundary_bytes", ctypes.c_int64),
                 ("saved_bytes", SavedBytesFn), ("forward", ComputeFn),
-                ("backward", ComputeFn), ("backward_weight", ComputeFn)]
+                ("backward", ComputeFn), ("backward_weight", ComputeFn),
+                ("retained_bytes", RetainedBytesFn), ("forward_retaining", ComputeFn),
+                ("recompute", ComputeFn)]
 
 
 class PipelineOptions(ctypes.Structure):
@@ -159,7 +168,8 @@ class IterationStats(ctypes.Structure):
                 ("host_high_water_bytes", ctypes.c_int64),
                 ("offloaded_bytes", ctypes.c_int64), ("reloaded_bytes", ctypes.c_int64),
                 ("start_time", ctypes.c_double), ("end_time", ctypes.c_double),
-                ("compute_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double)]
+                ("compute_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double),
+                ("recompute_seconds", ctypes.c_double)]
 
 
 def result_struct(cls):

@@ -26,21 +26,29 @@ from . import _native, errors
 from .schedule import Schedule, spec_struct
 
 BACKENDS = {"cpu": 0, "cuda": 1}  # PO_BACKEND_*
-_KINDS = {0: "F", 1: "B", 2: "W"}  # PO_OP_FORWARD, _BACKWARD, _BACKWARD_WEIGHT
+# PO_OP_FORWARD, _BACKWARD, _BACKWARD_WEIGHT, _RECOMPUTE, _RECOMPUTE_LEAN
+_KINDS = {0: "F", 1: "B", 2: "W", 11: "RECOMPUTE", 12: "RECOMPUTE_LEAN"}
+RECOMPUTE_MODES = {"none": 0, "lean": 1, "full": 2}  # PO_RECOMPUTE_*
+_MODE_NAMES = {code: name for name, code in RECOMPUTE_MODES.items()}
 
 
 class Call:
     """One compute call of a stage (po_compute_args). Buffers are addresses (int) or None, valid
     only during the call: host memory on the CPU backend, device memory on CUDA.
 
-    Attributes: kind ("F", "B" or "W"), stage, mb, chunk, with_weight_grad (B: full backward),
-    input (F: the input activation, None on virtual stage 0; B: the output's gradient, None on
-    the last virtual stage), output (F: the output, None on the last virtual stage; B: the
-    input's gradient, None on virtual stage 0), saved (the stash entry), boundary_bytes,
-    saved_bytes, stream (0 on the CPU backend, the cudaStream_t on CUDA)."""
+    Attributes: kind ("F", "B", "W", or "RECOMPUTE" / "RECOMPUTE_LEAN" in recompute()), stage,
+    mb, chunk, with_weight_grad (B: full backward), input (F: the input activation, None on
+    virtual stage 0; B: the output's gradient, None on the last virtual stage), output (F: the
+    output, None on the last virtual stage; B: the input's gradient, None on virtual stage 0),
+    saved (the stash entry; None in forward_retaining), boundary_bytes, saved_bytes, stream (0
+    on the CPU backend, the cudaStream_t on CUDA); recompute ("none", or in forward_retaining
+    and recompute the entry's mode, "lean" or "full"), retained (forward_retaining: where F
+    writes the retained block; recompute: that block, to rebuild `saved` from; else None),
+    retained_bytes."""
 
     __slots__ = ("kind", "stage", "mb", "chunk", "with_weight_grad", "input", "output", "saved",
-                 "boundary_bytes", "saved_bytes", "stream")
+                 "boundary_bytes", "saved_bytes", "stream", "recompute", "retained",
+                 "retained_bytes")
 
     def __init__(self, args):
         self.kind = _KINDS[args.kind]
@@ -49,6 +57,8 @@ class Call:
         self.input, self.output, self.saved = args.input, args.output, args.saved
         self.boundary_bytes, self.saved_bytes = args.boundary_bytes, args.saved_bytes
         self.stream = args.stream
+        self.recompute = _MODE_NAMES.get(args.recompute, "none")
+        self.retained, self.retained_bytes = args.retained, args.retained_bytes
 
     @staticmethod
     def _array(address, size, ctype):
@@ -70,6 +80,11 @@ class Call:
         only)."""
         return self._array(self.saved, self.saved_bytes, ctype)
 
+    def retained_array(self, ctype=ctypes.c_float):
+        """`retained` as a ctypes array of retained_bytes / sizeof(ctype) elements (host
+        memory only), or None."""
+        return self._array(self.retained, self.retained_bytes, ctype)
+
 
 @dataclasses.dataclass(frozen=True)
 class IterationStats:
@@ -87,6 +102,7 @@ class IterationStats:
     end_time: float
     compute_seconds: float  # inside the callbacks
     wait_seconds: float     # blocked on receives, copies, reloads and barriers
+    recompute_seconds: float  # of compute_seconds: the recompute() calls
 
 
 def _error_text(exception):
@@ -155,13 +171,27 @@ class _CallbackRunner(_native.OwnedHandle):
                 return -1  # the library then fails open naming the stage and chunk
         return _native.SavedBytesFn(saved_bytes)
 
+    def _retained_bytes(self, model):
+        def retained_bytes(user, stage, chunk, mode, split_backward):
+            try:
+                answer = model.retained_bytes(chunk, _MODE_NAMES[mode], bool(split_backward))
+                return -1 if answer is None else int(answer)
+            except BaseException as exception:  # noqa: B036
+                self._remember(exception)
+                return -1  # not offered: open then names the stage, chunk and mode
+        return _native.RetainedBytesFn(retained_bytes)
+
     def _fill(self, table, model):
         _native.lib.po_stage_callbacks_init(ctypes.byref(table))
         table.boundary_bytes = int(getattr(model, "boundary_bytes", 0))
         if hasattr(model, "saved_bytes"):
             table.saved_bytes = self._saved_bytes(model)
             self._keep.append(table.saved_bytes)
-        for field in ("forward", "backward", "backward_weight"):
+        if hasattr(model, "retained_bytes"):
+            table.retained_bytes = self._retained_bytes(model)
+            self._keep.append(table.retained_bytes)
+        for field in ("forward", "backward", "backward_weight", "forward_retaining",
+                      "recompute"):
             method = getattr(model, field, None)
             if method is not None:  # a missing one stays NULL, which open names
                 function = self._compute(method)
@@ -205,7 +235,12 @@ class LocalPipeline(_CallbackRunner):
 
     A model has `boundary_bytes` (int), `saved_bytes(chunk, split_backward)` (int > 0, the same
     for every microbatch), `forward(call)` and `backward(call)`, and `backward_weight(call)`
-    when the schedule splits W (see Call). Give the schedule as compile()'s keywords (stages,
+    when the schedule splits W (see Call). A model that offers recompute (the spec's
+    recompute="lean" / "full", or offload="auto" with recompute allowed) also has all three of
+    `retained_bytes(chunk, mode, split_backward)` (int > 0 that F keeps of an entry recomputed
+    with mode "lean" or "full", or None / -1: not offered), `forward_retaining(call)` (F of
+    such an entry: the same output, writes only call.retained) and `recompute(call)` (rebuilds
+    call.saved exactly as forward would have written it, from call.retained, before B). Give the schedule as compile()'s keywords (stages,
     microbatches, chunks, family, offload, ...; compiled under nominal costs and the models'
     exact sizes), or as `schedule` (a Schedule) or `schedule_file` (JSON). `backend`: "cpu" or
     "cuda" (a library built with CUDA; device `cuda_device`). `wait_timeout_seconds` bounds every

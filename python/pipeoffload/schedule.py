@@ -68,6 +68,9 @@ class Spec:
     offload_chunks: int
     memory_budget_bytes: int
     strict: bool
+    recompute: str             # "none", "lean" or "full"
+    recompute_fraction: float  # share of each stage's entries recomputed, longest-lived first
+    recompute_chunks: int      # every entry of chunks [0, n) instead; 0 = use the fraction
 
 
 @dataclasses.dataclass
@@ -112,7 +115,8 @@ _SPEC_FIELDS = {
     "group_size": "group_size", "split_backward": "split_backward",
     "offload_chunks": "offload_chunks", "strict": "strict", "family": "family",
     "offload": "offload", "offload_fraction": "offload_fraction",
-    "memory_budget_bytes": "memory_budget_bytes",
+    "memory_budget_bytes": "memory_budget_bytes", "recompute": "recompute",
+    "recompute_fraction": "recompute_fraction", "recompute_chunks": "recompute_chunks",
 }
 
 
@@ -135,6 +139,7 @@ class Schedule(_native.OwnedHandle):
         values = {field.name: getattr(raw, field.name) for field in dataclasses.fields(Spec)}
         values["family"] = values["family"].decode()
         values["offload"] = values["offload"].decode()
+        values["recompute"] = values["recompute"].decode()
         values["split_backward"] = bool(values["split_backward"])
         values["strict"] = bool(values["strict"])
         return Spec(**values)
@@ -189,9 +194,12 @@ def compile(*, costs: Optional[Costs] = None, **spec) -> Schedule:  # noqa: A001
     """Compiles a schedule, as `po-schedule compile` does. Keywords: stages, microbatches,
     chunks, group_size, split_backward, family ("1f1b", "interleaved", "group-interleaved"),
     offload ("none", "po-h", "po-f", "selective", "auto"), offload_fraction, offload_chunks,
-    memory_budget_bytes, strict; the ones left out keep po-schedule's defaults. `costs`: the
-    cost model (None: the GPT estimate). Raises InvalidArgumentError for a bad spec,
-    ResourceExhaustedError when auto finds no plan within the budget."""
+    memory_budget_bytes, strict, recompute ("none", "lean", "full": RECOMPUTE_LEAN /
+    RECOMPUTE ops before B instead of keeping the entries; with offload "auto", the most the
+    planner may use per entry), recompute_fraction, recompute_chunks; the ones left out keep
+    po-schedule's defaults. `costs`: the cost model (None: the GPT estimate). Raises
+    InvalidArgumentError for a bad spec, ResourceExhaustedError when auto finds no plan within
+    the budget."""
     raw = spec_struct("compile()", spec)
     handle = ctypes.c_void_p()
     _native.check(_native.lib.po_schedule_compile(ctypes.byref(raw), _cost_pointer(costs),

@@ -40,9 +40,36 @@ static po_status CountIteration(void* user, int32_t iteration, po_callback_error
   return PO_OK;
 }
 
-/* Runs `spec` for two iterations and checks results, callback counts, peaks and bytes; returns
- * the bytes offloaded per iteration over every stage. */
-static int64_t CheckRun(const po_spec* spec, int32_t backend) {
+/* What CheckRun saw, per iteration over every stage. */
+typedef struct RunSummary {
+  int64_t offloaded_bytes;
+  int64_t recompute_ops;   /* RECOMPUTE and RECOMPUTE_LEAN */
+  int64_t lean_ops;        /* RECOMPUTE_LEAN */
+  int64_t peak_bytes[kMaxStages];
+} RunSummary;
+
+/* Counts the recompute ops of `stage`'s program into `summary`; returns the stage's count. */
+static int64_t CountRecompute(const po_schedule* schedule, int32_t stage, RunSummary* summary) {
+  po_op ops[4096];
+  size_t count = 0, i;
+  int64_t found = 0;
+  EXPECT_OK(po_schedule_num_ops(schedule, stage, &count));
+  EXPECT(count <= sizeof(ops) / sizeof(ops[0]));
+  if (count > sizeof(ops) / sizeof(ops[0])) return 0;
+  EXPECT_OK(po_schedule_ops(schedule, stage, 0, count, ops));
+  for (i = 0; i < count; ++i) {
+    const int32_t lean = ops[i].kind == PO_OP_RECOMPUTE_LEAN;
+    if (ops[i].kind != PO_OP_RECOMPUTE && !lean) continue;
+    ++found;
+    summary->lean_ops += lean;
+  }
+  summary->recompute_ops += found;
+  return found;
+}
+
+/* Runs `given` (NULL: `spec`, compiled at open; else `spec` is its po_schedule_spec) for two
+ * iterations and checks results, callback counts, peaks and bytes. */
+static RunSummary CheckRunOf(const po_spec* spec, const po_schedule* given, int32_t backend) {
   const int32_t p = spec->num_stages, v = spec->chunks_per_stage, m = spec->num_microbatches;
   Rig* rig = (Rig*)malloc(sizeof(Rig));
   Results* expected = (Results*)calloc(1, sizeof(Results));
@@ -50,11 +77,13 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
   po_pipeline* pipeline = NULL;
   po_schedule* schedule = NULL;
   po_predictions* predictions = NULL;
-  int64_t offloaded = 0;
+  RunSummary summary;
   int32_t d, stages = 0;
+  memset(&summary, 0, sizeof(summary));
   InitRig(rig, p, v, spec->split_backward, backend);
   po_pipeline_options_init(&options);
-  options.spec = spec;
+  options.spec = given == NULL ? spec : NULL;
+  options.schedule = given;
   options.backend = backend;
   EXPECT_OK(po_pipeline_open(rig->callbacks, p, &options, &pipeline));
   IterationsSeen = 0;
@@ -67,6 +96,7 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
   for (d = 0; d < p && predictions != NULL; ++d) {
     po_stage_prediction predicted;
     int32_t it;
+    const int64_t recomputes = CountRecompute(schedule, d, &summary);
     predicted.struct_size = sizeof(predicted);
     EXPECT_OK(po_predictions_stage(predictions, d, &predicted));
     for (it = 0; it < 2; ++it) {
@@ -78,10 +108,15 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
       EXPECT(stats.offloaded_bytes == predicted.offloaded_bytes);
       EXPECT(stats.reloaded_bytes == predicted.offloaded_bytes);
       EXPECT(stats.end_time >= stats.start_time);
+      EXPECT(stats.recompute_seconds >= 0 && stats.recompute_seconds <= stats.compute_seconds);
+      EXPECT(recomputes > 0 || stats.recompute_seconds == 0);
     }
-    offloaded += predicted.offloaded_bytes;
-    /* F and B of every (mb, chunk), and W too when split, in each of 2 iterations. */
-    EXPECT(rig->toys[d].calls == 2 * m * v * (spec->split_backward ? 3 : 2));
+    summary.offloaded_bytes += predicted.offloaded_bytes;
+    summary.peak_bytes[d] = predicted.peak_bytes;
+    /* F and B of every (mb, chunk), W too when split, and each RECOMPUTE*, in each of 2
+     * iterations; a recomputed entry's F is its forward_retaining call. */
+    EXPECT(rig->toys[d].calls == 2 * (m * v * (spec->split_backward ? 3 : 2) + recomputes));
+    EXPECT(rig->toys[d].recompute_calls == 2 * 2 * recomputes);
     EXPECT(backend != PO_BACKEND_CPU || rig->toys[d].streams_seen == 0);
     EXPECT(backend == PO_BACKEND_CPU || rig->toys[d].streams_seen != 0);
   }
@@ -99,7 +134,11 @@ static int64_t CheckRun(const po_spec* spec, int32_t backend) {
   po_pipeline_free(pipeline);
   free(expected);
   free(rig);
-  return offloaded;
+  return summary;
+}
+
+static RunSummary CheckRun(const po_spec* spec, int32_t backend) {
+  return CheckRunOf(spec, NULL, backend);
 }
 
 static void TestSchedules(void) {
@@ -108,11 +147,68 @@ static void TestSchedules(void) {
   const po_spec full = ToySpec("1f1b", "po-f", 4, 8, 1, 0);
   const po_spec split = ToySpec("1f1b", "po-f", 2, 4, 1, 1);
   const po_spec interleaved = ToySpec("group-interleaved", "po-f", 2, 4, 2, 0);
-  EXPECT(CheckRun(&one_f_one_b, PO_BACKEND_CPU) == 0);
-  EXPECT(CheckRun(&half, PO_BACKEND_CPU) > 0);
-  EXPECT(CheckRun(&full, PO_BACKEND_CPU) > CheckRun(&half, PO_BACKEND_CPU));
+  EXPECT(CheckRun(&one_f_one_b, PO_BACKEND_CPU).offloaded_bytes == 0);
+  EXPECT(CheckRun(&half, PO_BACKEND_CPU).offloaded_bytes > 0);
+  EXPECT(CheckRun(&full, PO_BACKEND_CPU).offloaded_bytes >
+         CheckRun(&half, PO_BACKEND_CPU).offloaded_bytes);
   CheckRun(&split, PO_BACKEND_CPU);
-  EXPECT(CheckRun(&interleaved, PO_BACKEND_CPU) > 0);
+  EXPECT(CheckRun(&interleaved, PO_BACKEND_CPU).offloaded_bytes > 0);
+}
+
+/* Recompute (issue 15) through the callbacks: full and lean on 1F1B, split and interleaved,
+ * and auto allowed to recompute under a budget po-f alone cannot meet. CheckRun holds each to
+ * the straight-line results bitwise (so to no recompute) and its stash peaks to the
+ * predictions; here, every entry is recomputed in the mode asked, and stage 0 (which holds the
+ * most entries) needs less than without recompute. */
+static void TestRecompute(void) {
+  const char* modes[] = {"full", "lean"};
+  int32_t i, split;
+  for (split = 0; split <= 1; ++split) {
+    const po_spec kept = ToySpec("1f1b", "none", 4, 8, 1, split);
+    const RunSummary plain = CheckRun(&kept, PO_BACKEND_CPU);
+    EXPECT(plain.recompute_ops == 0);
+    for (i = 0; i < 2; ++i) {
+      po_spec spec = kept;
+      RunSummary run;
+      spec.recompute = modes[i];
+      run = CheckRun(&spec, PO_BACKEND_CPU);
+      EXPECT(run.recompute_ops == 4 * 8);
+      EXPECT(run.lean_ops == (i == 1 ? 4 * 8 : 0));
+      EXPECT(run.peak_bytes[0] < plain.peak_bytes[0]);
+      EXPECT(run.offloaded_bytes == 0);
+    }
+  }
+  {
+    po_spec spec = ToySpec("interleaved", "none", 2, 4, 2, 0);
+    spec.recompute = "lean";
+    spec.recompute_chunks = 1; /* chunk 0's entries only */
+    EXPECT(CheckRun(&spec, PO_BACKEND_CPU).recompute_ops == 2 * 4);
+  }
+  {
+    /* auto with any of the four choices per entry, under unit costs whose transfers take as
+     * long as F + B + W (k = 1) and a budget of 0.6 of 1F1B's peak (2 entries of 1 MiB): the
+     * planner mixes offload, lean and full recompute (measured: interleaved v=4, 17 offloaded,
+     * 22 lean and 10 full recomputes); the toy then runs that plan. */
+    po_spec spec = ToySpec("1f1b", "auto", 2, 8, 1, 0);
+    po_cost_options unit;
+    po_schedule* schedule = NULL;
+    po_spec planned;
+    po_cost_options_init(&unit);
+    unit.unit_costs = 1;
+    unit.offload_ratio = 1.0;
+    spec.recompute = "full";
+    spec.memory_budget_bytes = (int64_t)(0.6 * 2 * 1048576);
+    EXPECT_OK(po_schedule_compile(&spec, &unit, &schedule));
+    planned.struct_size = sizeof(planned);
+    EXPECT_OK(po_schedule_spec(schedule, &planned));
+    EXPECT(planned.num_stages * planned.chunks_per_stage <= kMaxVirtual);
+    if (schedule != NULL && planned.num_stages * planned.chunks_per_stage <= kMaxVirtual) {
+      const RunSummary run = CheckRunOf(&planned, schedule, PO_BACKEND_CPU);
+      EXPECT(run.lean_ops > 0 && run.recompute_ops > run.lean_ops);
+      EXPECT(run.offloaded_bytes > 0);
+    }
+    po_schedule_free(schedule);
+  }
 }
 
 /* The run of a 2-stage 1F1B pipeline whose stage 1 fails the op (kind, mb=1) with `code` and
@@ -195,6 +291,70 @@ static void ExpectOpenError(Rig* rig, int32_t p, const po_pipeline_options* opti
 #define EXPECT_OPEN_ERROR(rig, p, options, code, message) \
   ExpectOpenError((rig), (p), (options), (code), (message), __LINE__)
 
+/* Recompute the callbacks do not offer: open fails before anything runs, naming what is
+ * missing; a table of the first release's size (no recompute fields) reads as not offering. */
+static void TestRecomputeRefused(void) {
+  po_spec spec = ToySpec("1f1b", "none", 2, 4, 1, 0);
+  po_spec one = ToySpec("1f1b", "none", 1, 2, 1, 0);
+  po_pipeline_options options;
+  Rig rig;
+  po_pipeline_options_init(&options);
+  options.spec = &spec;
+  spec.recompute = "full";
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
+  rig.callbacks[1].recompute = NULL;
+  EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
+                    "po_pipeline_open: po_stage_callbacks[1]: set all of retained_bytes, "
+                    "forward_retaining and recompute, or none (2 of 3 are set)");
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
+  rig.callbacks[1].retained_bytes = NULL;
+  rig.callbacks[1].forward_retaining = NULL;
+  rig.callbacks[1].recompute = NULL;
+  EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
+                    "po_pipeline_open: stage 0: setup (schedule) failed on every rank: "
+                    "recompute full: the cost model offers it for no entry of chunk 0 on stage "
+                    "1 (retained_full_bytes is 0 there); give the retained bytes or choose "
+                    "another mode");
+  spec.recompute = "half";
+  EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
+                    "po_pipeline_open: po_spec.recompute: unknown recompute mode \"half\"; "
+                    "expected none, lean or full");
+  spec.recompute = "lean";
+  spec.reserved = 1;
+  EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
+                    "po_pipeline_open: po_spec.reserved must be 0 (got 1)");
+  /* One stage: the table's stride does not matter, so it can claim the first release's size. */
+  one.recompute = "lean";
+  options.spec = &one;
+  InitRig(&rig, 1, 1, 0, PO_BACKEND_CPU);
+  rig.callbacks[0].struct_size = 56;
+  EXPECT_OPEN_ERROR(&rig, 1, &options, PO_ERROR_INVALID_ARGUMENT,
+                    "po_pipeline_open: stage 0: setup (schedule) failed on every rank: "
+                    "recompute lean: the cost model offers it for no entry of chunk 0 on stage "
+                    "0 (retained_lean_bytes is 0 there); give the retained bytes or choose "
+                    "another mode");
+  /* A compiled schedule that recomputes (unit costs offer both modes) is refused by the
+   * runtime, naming the op. */
+  {
+    po_cost_options unit;
+    po_schedule* schedule = NULL;
+    po_pipeline* pipeline = NULL;
+    po_cost_options_init(&unit);
+    unit.unit_costs = 1;
+    EXPECT_OK(po_schedule_compile(&one, &unit, &schedule));
+    po_pipeline_options_init(&options);
+    options.schedule = schedule;
+    EXPECT_ERROR_PREFIX(po_pipeline_open(rig.callbacks, 1, &options, &pipeline),
+                        PO_ERROR_FAILED_PRECONDITION,
+                        "po_pipeline_open: stage 0: setup (schedule) failed on every rank: "
+                        "executor: stage 0, op 1 (RECOMPUTE_LEAN0.0): the program recomputes "
+                        "chunk 0 with mode lean, but the model's RetainedBytes(chunk 0, lean) "
+                        "is -1 (the model does not offer it)");
+    EXPECT(pipeline == NULL);
+    po_schedule_free(schedule);
+  }
+}
+
 static void TestBadOptions(void) {
   const po_spec spec = ToySpec("1f1b", "none", 2, 4, 1, 0);
   const po_spec split = ToySpec("1f1b", "none", 2, 4, 1, 1);
@@ -240,7 +400,7 @@ static void TestBadOptions(void) {
   rig.callbacks[1].struct_size = 48;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[1].struct_size is 48 but [0]'s is "
-                    "56; every table of the array has the caller's sizeof");
+                    "80; every table of the array has the caller's sizeof");
   InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[1].forward = NULL;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
@@ -334,6 +494,8 @@ int main(int argc, char** argv) {
     if (RunCuda() == 77) return 77;
   } else {
     TestSchedules();
+    TestRecompute();
+    TestRecomputeRefused();
     TestCallbackFailures();
     TestBadOptions();
   }

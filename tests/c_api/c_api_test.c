@@ -345,7 +345,7 @@ static void TestBadInput(const char* scratch) {
                "release; call po_spec_init (or set it to sizeof)");
   spec.struct_size = sizeof(spec) + 8;
   EXPECT_ERROR_PREFIX(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
-                      "po_schedule_compile: po_spec.struct_size is 72 but this library");
+                      "po_schedule_compile: po_spec.struct_size is 96 but this library");
   po_spec_init(&spec);
   cost.cost_model_json = "{\"forward_tme\": 1}";
   EXPECT_ERROR_PREFIX(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
@@ -449,6 +449,80 @@ static void TestBadInput(const char* scratch) {
 }
 
 /* auto picks a plan within the budget, or says why none fits. */
+/* Recompute in the spec (issue 15): the fields round-trip through po_schedule_spec and the JSON
+ * file, the ops come out as PO_OP_RECOMPUTE / _LEAN with their names, a first-release spec
+ * (struct_size 64) reads them as their defaults, and bad values name the field. */
+static void TestRecomputeSpec(const char* scratch) {
+  po_spec spec, back;
+  po_cost_options cost = UnitCosts();
+  po_schedule* schedule = NULL;
+  po_schedule* loaded = NULL;
+  po_op op;
+  char path[4096], text[32];
+  size_t count = 0, i, length = 0;
+  int32_t d, lean = 0, full = 0;
+  po_spec_init(&spec);
+  EXPECT(spec.recompute == NULL && spec.recompute_fraction == 1.0 &&
+         spec.recompute_chunks == 0 && spec.reserved == 0);
+  spec.num_stages = 4;
+  spec.num_microbatches = 8;
+  spec.recompute = "lean";
+  spec.recompute_fraction = 0.5;
+  EXPECT_OK(po_schedule_compile(&spec, &cost, &schedule));
+  if (schedule == NULL) return;
+  for (d = 0; d < 4; ++d) {
+    EXPECT_OK(po_schedule_num_ops(schedule, d, &count));
+    for (i = 0; i < count; ++i) {
+      EXPECT_OK(po_schedule_ops(schedule, d, i, 1, &op));
+      lean += op.kind == PO_OP_RECOMPUTE_LEAN;
+      full += op.kind == PO_OP_RECOMPUTE;
+      if (d == 0 && lean == 1 && op.kind == PO_OP_RECOMPUTE_LEAN) {
+        EXPECT_OK(po_op_format(&op, text, sizeof(text), &length));
+        EXPECT(strncmp(text, "RECOMPUTE_LEAN", 14) == 0 && op.peer == -1);
+      }
+    }
+  }
+  EXPECT(lean == 4 * 8 / 2 && full == 0); /* half of each stage's 8 entries */
+  back.struct_size = sizeof(back);
+  EXPECT_OK(po_schedule_spec(schedule, &back));
+  EXPECT(strcmp(back.recompute, "lean") == 0 && back.recompute_fraction == 0.5 &&
+         back.recompute_chunks == 0);
+  snprintf(path, sizeof(path), "%s/c_api_recompute.json", scratch);
+  EXPECT_OK(po_schedule_write(schedule, PO_FORMAT_JSON, path));
+  EXPECT_OK(po_schedule_load(path, NULL, NULL, &loaded));
+  EXPECT(loaded != NULL && SameOps(schedule, loaded));
+  EXPECT_OK(po_schedule_spec(loaded, &back));
+  EXPECT(strcmp(back.recompute, "lean") == 0 && back.recompute_fraction == 0.5);
+  po_schedule_free(loaded);
+  po_schedule_free(schedule);
+  schedule = NULL;
+
+  /* An older caller's struct ends before the recompute fields: they keep their defaults. */
+  spec.recompute = "bogus";
+  spec.struct_size = 64;
+  EXPECT_OK(po_schedule_compile(&spec, &cost, &schedule));
+  back.struct_size = sizeof(back);
+  EXPECT_OK(po_schedule_spec(schedule, &back));
+  EXPECT(strcmp(back.recompute, "none") == 0 && back.recompute_fraction == 1.0);
+  po_schedule_free(schedule);
+  schedule = NULL;
+
+  spec.struct_size = sizeof(spec);
+  EXPECT_ERROR(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
+               "po_schedule_compile: po_spec.recompute: unknown recompute mode \"bogus\"; "
+               "expected none, lean or full");
+  spec.recompute = "full";
+  spec.recompute_fraction = 0;
+  EXPECT_ERROR(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
+               "po_schedule_compile: recompute_fraction must be in (0, 1], got 0");
+  spec.recompute_fraction = 1;
+  spec.offload = "po-f";
+  EXPECT_ERROR(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
+               "po_schedule_compile: recompute full with offload po-f: one choice per entry; "
+               "use offload auto to mix offload and recompute per entry");
+  EXPECT(schedule == NULL);
+}
+
 static void TestAuto(void) {
   po_spec spec;
   po_cost_options cost = UnitCosts();
@@ -475,6 +549,7 @@ int main(int argc, char** argv) {
   TestRoundTrips(scratch);
   TestBadInput(scratch);
   TestAuto();
+  TestRecomputeSpec(scratch);
   if (failures > 0) {
     fprintf(stderr, "c_api_test: %d failed expectations\n", failures);
     return 1;

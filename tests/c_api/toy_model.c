@@ -13,13 +13,37 @@ static int32_t Virtual(const Toy* toy, int32_t chunk) {
 }
 static int32_t LastVirtual(const Toy* toy) { return toy->num_stages * toy->num_chunks - 1; }
 
+/* The stash entry's layout, in floats: x | y = a_l * x | g = y - t (B's loss residual) and,
+ * with W split off, dy, which B leaves for W. B needs only x (and g on the last virtual stage)
+ * but checks y and g, so an entry rebuilt wrong by a recompute fails the run. */
+enum { kX = 0, kY = kWidth, kG = 2 * kWidth, kDy = 3 * kWidth };
+
 static int64_t SavedBytes(void* user, int32_t stage, int32_t chunk, int32_t split) {
   const Toy* toy = (const Toy*)user;
   (void)stage;
   (void)chunk;
   if (toy->saved_bytes_answer != 0) return toy->saved_bytes_answer;
-  /* x; with W split off, also dy, which B leaves for W. */
-  return (int64_t)(split ? 2 : 1) * kWidth * (int64_t)sizeof(float);
+  return (int64_t)(split ? 4 : 3) * kWidth * (int64_t)sizeof(float);
+}
+
+/* Full recompute keeps x (the chunk's input), lean keeps x and y (the "expensive" product) and
+ * recomputes only g. */
+static int64_t RetainedBytes(void* user, int32_t stage, int32_t chunk, int32_t mode,
+                             int32_t split) {
+  (void)user;
+  (void)stage;
+  (void)chunk;
+  (void)split;
+  if (mode == PO_RECOMPUTE_FULL) return kWidth * (int64_t)sizeof(float);
+  if (mode == PO_RECOMPUTE_LEAN) return 2 * kWidth * (int64_t)sizeof(float);
+  return -1;
+}
+
+/* y and g of the entry from its x (full) or from its y (lean: only g). */
+static void Rebuild(float* entry, int32_t l, int32_t from_y) {
+  int32_t i;
+  for (i = 0; i < kWidth && !from_y; ++i) entry[kY + i] = Weight(l, i) * entry[kX + i];
+  for (i = 0; i < kWidth; ++i) entry[kG + i] = entry[kY + i] - Target(i);
 }
 
 /* Fails the call when it is the one the test asked to fail. */
@@ -29,38 +53,107 @@ static po_status MaybeFail(Toy* toy, const po_compute_args* args, po_callback_er
   return toy->fail_code;
 }
 
+/* Whether a compute call's common arguments keep the contract (kind checked by the caller). */
+static int32_t ContractHolds(const Toy* toy, const po_compute_args* args) {
+  return args->stage == toy->stage && args->struct_size == sizeof(po_compute_args) &&
+         args->boundary_bytes == kWidth * (int64_t)sizeof(float) &&
+         args->saved_bytes == SavedBytes((void*)toy, toy->stage, args->chunk, toy->split);
+}
+
+/* F's work: x and y into `entry` (x | y | g, or the retained block's x | y prefix: `keep`
+ * floats of it), the output or the loss's input; g too when the full entry is kept. */
+static void ForwardInto(Toy* toy, const po_compute_args* args, float* entry, int32_t keep) {
+  const int32_t l = Virtual(toy, args->chunk);
+  float x[kWidth], y[kWidth];
+  int32_t i;
+  for (i = 0; i < kWidth; ++i) x[i] = l == 0 ? Input(args->mb, i) : ((const float*)args->input)[i];
+  for (i = 0; i < kWidth; ++i) {
+    y[i] = Weight(l, i) * x[i];
+    if (args->output != NULL) {
+      ((float*)args->output)[i] = y[i];
+    } else {
+      toy->results->loss_input[args->mb][i] = y[i];
+    }
+  }
+  memcpy(entry + kX, x, sizeof(x));
+  if (keep > kY) memcpy(entry + kY, y, sizeof(y));
+  if (keep > kG) Rebuild(entry, l, 1);
+}
+
 static po_status Forward(void* user, const po_compute_args* args, po_callback_error* error) {
   Toy* toy = (Toy*)user;
   const int32_t l = Virtual(toy, args->chunk);
-  float* x = (float*)args->saved;
-  int32_t i;
   ++toy->calls;
   toy->streams_seen |= args->stream;
-  if (args->kind != PO_OP_FORWARD || args->stage != toy->stage ||
-      args->struct_size != sizeof(po_compute_args) ||
-      args->boundary_bytes != kWidth * (int64_t)sizeof(float) ||
-      args->saved_bytes != SavedBytes(user, toy->stage, args->chunk, toy->split) ||
+  if (args->kind != PO_OP_FORWARD || !ContractHolds(toy, args) ||
+      args->recompute != PO_RECOMPUTE_NONE || args->retained != NULL ||
       (args->input == NULL) != (l == 0) || (args->output == NULL) != (l == LastVirtual(toy))) {
     po_callback_error_set(error, "toy: forward got arguments against the contract");
     return PO_ERROR_INTERNAL;
   }
   if (toy->device_buffers) return MaybeFail(toy, args, error);
-  for (i = 0; i < kWidth; ++i) x[i] = l == 0 ? Input(args->mb, i) : ((const float*)args->input)[i];
-  for (i = 0; i < kWidth; ++i) {
-    const float y = Weight(l, i) * x[i];
-    if (args->output != NULL) {
-      ((float*)args->output)[i] = y;
-    } else {
-      toy->results->loss_input[args->mb][i] = y;
-    }
-  }
+  ForwardInto(toy, args, (float*)args->saved, 3 * kWidth);
   return MaybeFail(toy, args, error);
 }
 
-/* dy of (mb, l): from the loss on the last virtual stage, else the gradient received. */
-static float OutputGrad(const po_compute_args* args, int32_t l, int32_t i) {
+static po_status ForwardRetaining(void* user, const po_compute_args* args,
+                                  po_callback_error* error) {
+  Toy* toy = (Toy*)user;
+  const int32_t l = Virtual(toy, args->chunk);
+  ++toy->calls;
+  ++toy->recompute_calls;
+  if (args->kind != PO_OP_FORWARD || !ContractHolds(toy, args) || args->saved != NULL ||
+      args->retained == NULL ||
+      args->retained_bytes !=
+          RetainedBytes(user, toy->stage, args->chunk, args->recompute, toy->split) ||
+      (args->input == NULL) != (l == 0) || (args->output == NULL) != (l == LastVirtual(toy))) {
+    po_callback_error_set(error, "toy: forward_retaining got arguments against the contract");
+    return PO_ERROR_INTERNAL;
+  }
+  if (toy->device_buffers) return MaybeFail(toy, args, error);
+  ForwardInto(toy, args, (float*)args->retained,
+              (int32_t)(args->retained_bytes / (int64_t)sizeof(float)));
+  return MaybeFail(toy, args, error);
+}
+
+static po_status Recompute(void* user, const po_compute_args* args, po_callback_error* error) {
+  Toy* toy = (Toy*)user;
+  const int32_t lean = args->kind == PO_OP_RECOMPUTE_LEAN;
+  ++toy->calls;
+  ++toy->recompute_calls;
+  if ((args->kind != PO_OP_RECOMPUTE && !lean) || !ContractHolds(toy, args) ||
+      args->recompute != (lean ? PO_RECOMPUTE_LEAN : PO_RECOMPUTE_FULL) ||
+      args->saved == NULL || args->retained == NULL || args->input != NULL ||
+      args->output != NULL ||
+      args->retained_bytes !=
+          RetainedBytes(user, toy->stage, args->chunk, args->recompute, toy->split)) {
+    po_callback_error_set(error, "toy: recompute got arguments against the contract");
+    return PO_ERROR_INTERNAL;
+  }
+  if (toy->device_buffers) return MaybeFail(toy, args, error);
+  memcpy(args->saved, args->retained, (size_t)args->retained_bytes);
+  Rebuild((float*)args->saved, Virtual(toy, args->chunk), lean);
+  return MaybeFail(toy, args, error);
+}
+
+/* dy of (mb, l): the gradient received, or on the last virtual stage the loss residual g. */
+static float OutputGrad(const po_compute_args* args, int32_t i) {
   if (args->input != NULL) return ((const float*)args->input)[i];
-  return Weight(l, i) * ((const float*)args->saved)[i] - Target(i);
+  return ((const float*)args->saved)[kG + i];
+}
+
+/* Whether y and g of the entry are, bitwise, what F computed from its x. */
+static int32_t EntryIntact(const float* entry, int32_t l) {
+  int32_t i;
+  for (i = 0; i < kWidth; ++i) {
+    const float y = Weight(l, i) * entry[kX + i];
+    if (memcmp(&y, entry + kY + i, sizeof(y)) != 0) return 0;
+    {
+      const float g = y - Target(i);
+      if (memcmp(&g, entry + kG + i, sizeof(g)) != 0) return 0;
+    }
+  }
+  return 1;
 }
 
 static void WeightGrad(Toy* toy, int32_t l, int32_t mb, const float* x, const float* dy) {
@@ -81,7 +174,11 @@ static po_status Backward(void* user, const po_compute_args* args, po_callback_e
     return PO_ERROR_INTERNAL;
   }
   if (toy->device_buffers) return MaybeFail(toy, args, error);
-  for (i = 0; i < kWidth; ++i) dy[i] = OutputGrad(args, l, i);
+  if (!EntryIntact(saved, l)) {
+    po_callback_error_set(error, "toy: backward found a stash entry unlike the one F wrote");
+    return PO_ERROR_INTERNAL;
+  }
+  for (i = 0; i < kWidth; ++i) dy[i] = OutputGrad(args, i);
   for (i = 0; i < kWidth; ++i) {
     const float dx = Weight(l, i) * dy[i];
     if (args->output != NULL) {
@@ -93,7 +190,7 @@ static po_status Backward(void* user, const po_compute_args* args, po_callback_e
   if (args->with_weight_grad) {
     WeightGrad(toy, l, args->mb, saved, dy);
   } else {
-    memcpy(saved + kWidth, dy, sizeof(dy)); /* what W needs */
+    memcpy(saved + kDy, dy, sizeof(dy)); /* what W needs */
   }
   return MaybeFail(toy, args, error);
 }
@@ -108,7 +205,7 @@ static po_status BackwardWeight(void* user, const po_compute_args* args,
     return PO_ERROR_INTERNAL;
   }
   if (toy->device_buffers) return MaybeFail(toy, args, error);
-  WeightGrad(toy, Virtual(toy, args->chunk), args->mb, saved, saved + kWidth);
+  WeightGrad(toy, Virtual(toy, args->chunk), args->mb, saved + kX, saved + kDy);
   return MaybeFail(toy, args, error);
 }
 
@@ -165,4 +262,7 @@ void ToyCallbacks(Toy* toy, po_stage_callbacks* callbacks) {
   callbacks->forward = Forward;
   callbacks->backward = Backward;
   callbacks->backward_weight = toy->split ? BackwardWeight : NULL;
+  callbacks->retained_bytes = RetainedBytes;
+  callbacks->forward_retaining = ForwardRetaining;
+  callbacks->recompute = Recompute;
 }

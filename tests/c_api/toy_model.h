@@ -1,6 +1,7 @@
 /* The toy pipeline model of the C ABI's run tests (c_api_stage_test: every stage in one process;
  * c_api_rank_test: one stage per MPI rank): virtual stage l computes y = a_l * x elementwise,
- * with a loss 0.5 * |y - t|^2 at the end. Its callbacks check the arguments against c_api.h's
+ * with a loss 0.5 * |y - t|^2 at the end. It offers recompute (full keeps x of the entry
+ * x | y | y - t, lean keeps x | y) through its callbacks, which check the arguments against c_api.h's
  * contract and record every gradient by (virtual stage, microbatch), so a check does not depend
  * on the order a schedule runs microbatches in; ToyReference computes the same in a straight
  * line, bit for bit (the same float operations in the same order). */
@@ -25,6 +26,7 @@ typedef struct Toy {
   int32_t stage, num_stages, num_chunks, split;
   Results* results;
   int32_t calls;              /* compute callbacks seen (this stage's thread only) */
+  int32_t recompute_calls;    /* of them, forward_retaining and recompute */
   int32_t fail_kind, fail_mb; /* the op to fail (fail_kind -1: none) ... */
   po_status fail_code;        /* ... with this code */
   const char* fail_message;   /* ... and message (NULL: none given) */

@@ -61,7 +61,8 @@ def test_spec_comes_back_resolved(unit):
     assert schedule.spec == po.Spec(
         family="group-interleaved", offload="none", num_stages=4, num_microbatches=8,
         chunks_per_stage=2, group_size=2, split_backward=False, offload_fraction=0.0,
-        offload_chunks=0, memory_budget_bytes=0, strict=False)
+        offload_chunks=0, memory_budget_bytes=0, strict=False, recompute="none",
+        recompute_fraction=1.0, recompute_chunks=0)
 
 
 def test_defaults_are_po_schedules():

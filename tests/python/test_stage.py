@@ -235,3 +235,69 @@ def test_bad_options_are_errors():
         po.LocalPipeline(toys(2, 1, {}), stage=2)
     with pytest.raises(po.InvalidArgumentError, match="num_stages must be >= 1"):
         po.LocalPipeline([], stages=2, microbatches=4)
+
+
+class RecomputingToy(Toy):
+    """Toy whose entry also holds PAD floats derived from x (after x, and dy when split), so
+    recompute saves memory: "full" keeps x, "lean" keeps x and the first half of the padding,
+    and recompute() rebuilds the rest; backward checks the padding bitwise."""
+
+    PAD = 4 * WIDTH
+
+    def _pad_offset(self, split_backward):
+        return (2 if split_backward else 1) * WIDTH
+
+    def saved_bytes(self, chunk, split_backward):
+        return super().saved_bytes(chunk, split_backward) + self.PAD * FLOAT
+
+    def retained_bytes(self, chunk, mode, split_backward):
+        kept = {"full": WIDTH, "lean": self._pad_offset(split_backward) + self.PAD // 2}
+        return kept[mode] * FLOAT
+
+    @staticmethod
+    def _pad(x, k):
+        return f32(2.0 * x[k % WIDTH] + k)
+
+    def _fill_pad(self, entry, first, split_backward):
+        offset = self._pad_offset(split_backward)
+        for k in range(first, self.PAD):
+            entry[offset + k] = self._pad(entry, k)
+
+    def forward(self, call):
+        super().forward(call)
+        self._fill_pad(call.saved_array(), 0, call.saved_bytes > (WIDTH + self.PAD) * FLOAT)
+
+    def forward_retaining(self, call):
+        assert call.saved is None and call.kind == "F" and call.recompute in ("full", "lean")
+        self.calls.append(("F", call.mb, call.chunk))
+        l = self._virtual(call.chunk)
+        # The full entry as forward would write it, then only its retained prefix.
+        full = [0.0] * (call.saved_bytes // FLOAT)
+        source = call.input_array()
+        for i in range(WIDTH):
+            full[i] = f32(model_input(call.mb, i)) if source is None else source[i]
+        out = call.output_array()
+        if out is not None:
+            for i in range(WIDTH):
+                out[i] = weight(l, i) * full[i]
+        self._fill_pad(full, 0, call.saved_bytes > (WIDTH + self.PAD) * FLOAT)
+        retained = call.retained_array()
+        for i in range(len(retained)):
+            retained[i] = full[i]
+
+    def recompute(self, call):
+        self.calls.append((call.kind, call.mb, call.chunk))
+        assert call.kind == {"full": "RECOMPUTE", "lean": "RECOMPUTE_LEAN"}[call.recompute]
+        split = call.saved_bytes > (WIDTH + self.PAD) * FLOAT
+        saved, retained = call.saved_array(), call.retained_array()
+        for i in range(len(retained)):
+            saved[i] = retained[i]
+        first = 0 if call.recompute == "full" else self.PAD // 2
+        self._fill_pad(saved, first, split)
+
+    def backward(self, call):
+        saved = call.saved_array()
+        offset = self._pad_offset(not call.with_weight_grad)
+        wrong = [k for k in range(self.PAD) if saved[offset + k] != self._pad(saved, k)]
+        assert not wrong, f"entry (mb {call.mb}, chunk {call.chunk}) padding differs at {wrong}"
+        super().backward(call)

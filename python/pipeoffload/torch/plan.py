@@ -20,7 +20,9 @@ from .. import errors
 COMPUTE_KINDS = ("F", "B", "W")
 P2P_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 OFFLOAD_KINDS = ("OFFLOAD", "RELEASE", "RELOAD")
-KINDS = COMPUTE_KINDS + P2P_KINDS + OFFLOAD_KINDS + ("BARRIER",)
+# Rebuild an entry's stash from what F kept, right before its B (issue 15; c_api.h PO_OP_RECOMPUTE*).
+RECOMPUTE_KINDS = ("RECOMPUTE", "RECOMPUTE_LEAN")
+KINDS = COMPUTE_KINDS + P2P_KINDS + OFFLOAD_KINDS + ("BARRIER",) + RECOMPUTE_KINDS
 
 
 class PlanError(errors.FailedPreconditionError):
@@ -126,12 +128,14 @@ class PipelinePlan:
     def _check_program(self, stage):
         # Per entry, the kinds seen so far, in order; the allowed next kinds follow
         # F < OFFLOAD < RELEASE < RELOAD < B (< W) with the offload triple optional.
-        allowed_after = {None: ("F",), "F": ("OFFLOAD", "B"), "OFFLOAD": ("RELEASE",),
-                         "RELEASE": ("RELOAD",), "RELOAD": ("B",), "B": ("W",), "W": ()}
+        # A recomputed entry runs F < RECOMPUTE* < B instead (one choice per entry).
+        allowed_after = {None: ("F",), "F": ("OFFLOAD", "B") + RECOMPUTE_KINDS,
+                         "OFFLOAD": ("RELEASE",), "RELEASE": ("RELOAD",), "RELOAD": ("B",),
+                         "RECOMPUTE": ("B",), "RECOMPUTE_LEAN": ("B",), "B": ("W",), "W": ()}
         last: Dict[Tuple[int, int, int], Optional[str]] = {}
         seen = set()
         for index, action in enumerate(self.programs[stage]):
-            if action.kind not in COMPUTE_KINDS + OFFLOAD_KINDS:
+            if action.kind not in COMPUTE_KINDS + OFFLOAD_KINDS + RECOMPUTE_KINDS:
                 ident = (action.kind, action.mb, action.chunk)
                 if action.kind != "BARRIER" and ident in seen:
                     raise PlanError(f"stage {stage}, op {index}: {action} appears twice")
@@ -142,7 +146,8 @@ class PipelinePlan:
                 raise PlanError(
                     f"stage {stage}, op {index}: {action} after "
                     f"{previous or 'nothing'} of that entry; an entry runs "
-                    "F < OFFLOAD < RELEASE < RELOAD < B (< W), the offload triple optional")
+                    "F < OFFLOAD < RELEASE < RELOAD < B (< W), the offload triple optional, "
+                    "or F < RECOMPUTE / RECOMPUTE_LEAN < B (< W)")
             last[action.key] = action.kind
         final = "W" if self.split_backward else "B"
         expected = {(stage, c, mb) for c in range(self.chunks_per_stage)
@@ -234,8 +239,8 @@ class PipelinePlan:
         """Each rank's compute and P2P ops in torch's _Action notation (schedules.py:
         "{stage_index}{type}{microbatch}", stage_index being the virtual stage): F -> F,
         B -> B (full backward) or I (input backward, when W is split), W -> W, SEND_F /
-        RECV_F / SEND_B / RECV_B keep their names. Offload ops and BARRIERs have no torch
-        action; offload_hooks() keeps them."""
+        RECV_F / SEND_B / RECV_B keep their names. Offload ops, recompute ops and BARRIERs
+        have no torch action; offload_hooks() keeps the offload and recompute ones."""
         names = {"F": "F", "B": "I" if self.split_backward else "B", "W": "W",
                  "SEND_F": "SEND_F", "RECV_F": "RECV_F", "SEND_B": "SEND_B",
                  "RECV_B": "RECV_B"}
@@ -243,9 +248,9 @@ class PipelinePlan:
                     if a.kind in names] for d, program in enumerate(self.programs)}
 
     def offload_hooks(self) -> Dict[int, List[Tuple[Optional[str], List[Action]]]]:
-        """Per rank: (torch action string or None for the program's start, the offload ops the
-        plan issues after it and before the rank's next torch action). A runtime beside torch's
-        issues each list right after running that action."""
+        """Per rank: (torch action string or None for the program's start, the offload and
+        recompute ops the plan issues after it and before the rank's next torch action). A
+        runtime beside torch's issues each list right after running that action."""
         torch_names = self.torch_actions()
         hooks = {}
         for d, program in enumerate(self.programs):
@@ -253,7 +258,7 @@ class PipelinePlan:
             entries: List[Tuple[Optional[str], List[Action]]] = [(None, current)]
             names = iter(torch_names[d])
             for action in program:
-                if action.kind in OFFLOAD_KINDS:
+                if action.kind in OFFLOAD_KINDS + RECOMPUTE_KINDS:
                     current.append(action)
                 elif action.kind != "BARRIER":
                     current = []

@@ -21,7 +21,7 @@ import torch
 
 from .ledger import peak_without_offload, replay
 from .offload import ActivationOffloader
-from .plan import PipelinePlan, PlanError
+from .plan import RECOMPUTE_KINDS, PipelinePlan, PlanError
 
 
 @dataclasses.dataclass
@@ -70,6 +70,13 @@ class PipelineRunner:
                              f"{self.plan.num_virtual_stages} virtual stages "
                              f"({self.plan.num_stages} stages x {self.plan.chunks_per_stage} "
                              "chunks)")
+        recomputed = [a for program in self.plan.programs for a in program
+                      if a.kind in RECOMPUTE_KINDS]
+        if recomputed:
+            raise PlanError(f"PipelineRunner does not recompute yet: the plan has "
+                            f"{len(recomputed)} recompute ops (first: stage "
+                            f"{recomputed[0].stage}, {recomputed[0]}); compile without "
+                            "recompute for torch stages")
         self.stages = list(stages)
         tensors = [t for m in self.stages for t in list(m.parameters()) + list(m.buffers())]
         self.device = torch.device(device) if device is not None else (
