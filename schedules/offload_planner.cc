@@ -287,7 +287,8 @@ std::string Check(const Schedule& planned, const CostModel& cost, const Predicti
   if (absl::Status valid = Validate(planned); !valid.ok()) {
     return absl::StrCat("it fails validation: ", std::string(valid.message()));
   }
-  absl::StatusOr<Timeline> simulated = internal::SimulateOnce(planned, cost);
+  absl::StatusOr<Timeline> simulated =
+      internal::SimulateOnce(planned, cost, internal::SimulateDetail::kPredictions);
   if (!simulated.ok()) {
     return absl::StrCat("it does not simulate: ", std::string(simulated.status().message()));
   }
@@ -426,7 +427,10 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
     }
     return absl::OkStatus();
   };
-  absl::StatusOr<Timeline> baseline = Simulate(lowered_in, cost);
+  // Simulate's predictions (the lowered schedule has no transfers: CheckRequest, so there is no
+  // second run), without the memory samples, which nothing here reads.
+  absl::StatusOr<Timeline> baseline =
+      internal::SimulateOnce(lowered_in, cost, internal::SimulateDetail::kPredictions);
   if (!baseline.ok()) {
     return Annotate(baseline.status(), "PlanOffload: simulating the lowered schedule");
   }
@@ -449,9 +453,8 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
     lowered = lowered_in;
     posted_times.stages = std::move(baseline->stages);
   }
-  // From here on only the baseline's predictions are needed: free its op times and samples.
+  // From here on only the baseline's predictions are needed: free its op times.
   baseline->stages = {};
-  baseline->memory = {};
   const Predictions& base = baseline->predictions;
 
   // Plan two ways and keep the better plan that passes its check by simulation: on the lowered

@@ -255,9 +255,10 @@ bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predicti
   free_reloads.h2d_bandwidth = 1e300;
   free_reloads.duplex_bandwidth = 1e300;
   free_reloads.shared_copy_engine = false;  // nor do they wait for the D2H engine
-  // SimulateOnce: only the step time and the op times are used here, so the second simulation
-  // Simulate would run for step_time_without_offload is not needed.
-  const absl::StatusOr<Timeline> simulated = SimulateOnce(program, free_reloads);
+  // Only the step time and the op times are used here: no second simulation (Simulate's, for
+  // step_time_without_offload), nor memory, traffic or collisions.
+  const absl::StatusOr<Timeline> simulated =
+      SimulateOnce(program, free_reloads, SimulateDetail::kStepTime);
   if (!simulated.ok() ||
       simulated->predictions.step_time > base.step_time * (1.0 + kOverheadBudget)) {
     return false;

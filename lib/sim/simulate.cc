@@ -27,6 +27,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -95,9 +96,12 @@ class EventLoop {
       StageState& state = State(s);
       state.post.assign(ops.size(), -1.0);
       state.resolved.assign(ops.size(), 0);
+      state.end.assign(ops.size(), 0.0);
+      state.deps.resize(ops.size());
       for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
         const OpKind kind = ops[static_cast<std::size_t>(i)].kind;
         if (IsP2P(kind)) (IsSend(kind) ? state.sends : state.recvs).push_back(i);
+        state.deps[static_cast<std::size_t>(i)] = Resolve(s, i);
       }
     }
   }
@@ -118,6 +122,15 @@ class EventLoop {
   }
 
  private:
+  // Op i's own-stage dependencies as program indices (Resolve).
+  struct Dependencies {
+    std::array<int, 3> op{};
+    std::uint8_t count = 0;
+    std::uint8_t bounds = 0;    // bit k: op[k]'s end bounds the start
+    std::uint8_t transfer = 0;  // bit k: op[k] is a RECV, whose transfer must be resolved
+    bool stuck = false;         // a further dependency is missing or not before op i
+  };
+
   struct StageState {
     int head = 0;
     double issue = 0.0;  // start of the latest started op (posts do not move it): in-order issue
@@ -134,6 +147,10 @@ class EventLoop {
     double send_free = 0.0, recv_free = 0.0;
     std::vector<double> post;
     std::vector<char> resolved;
+    // Per op: its dependencies, and its end once it started or its transfer resolved (a dense
+    // copy of timed_'s ends, which the dependants read: 8 bytes an op instead of a TimedOp).
+    std::vector<Dependencies> deps;
+    std::vector<double> end;
   };
 
   const std::vector<Op>& Ops(int s) const {
@@ -165,35 +182,105 @@ class EventLoop {
            ")";
   }
 
-  // Folds the end of (kind, mb, chunk) on stage s into *t; false (with *why) when that op is
-  // not before the head, so the head can never start. A RECV before the head whose transfer is
-  // still open also yields false, with *waits_for set to it (the head is not stuck, only
-  // waiting).
-  bool After(int s, OpKind kind, int mb, int chunk, double* t, std::string* why,
-             int* waits_for) const {
-    const int j = index_.Position(s, kind, mb, chunk);
-    if (j >= 0 && j < State(s).head) {
-      if (IsP2P(kind) && !State(s).resolved[static_cast<std::size_t>(j)]) {
-        *waits_for = j;
-        return false;
-      }
-      *t = std::max(*t, Timed(s, j).end);
-      return true;
+  // An own-stage dependency of an op: (kind, mb, chunk), which must come before it in the
+  // program. Its end bounds the op's start, except a SEND's producer, which bounds only the
+  // transfer (ResolveSends).
+  struct DependencyKey {
+    OpKind kind = OpKind::kForward;
+    int mb = 0;
+    int chunk = 0;
+    bool bounds = true;
+  };
+
+  // The own-stage dependencies of `op` on stage s, in the order they are checked; how many.
+  // The neighbour's data is a RECV, or the neighbour's own op when it is on this stage.
+  int DependencyKeys(int s, const Op& op, std::array<DependencyKey, 3>* keys) const {
+    int n = 0;
+    const auto add = [&](OpKind kind, int chunk, bool bounds) {
+      (*keys)[static_cast<std::size_t>(n++)] = {kind, op.mb, chunk, bounds};
+    };
+    const std::optional<internal::NeighbourInput> input =
+        internal::InputOf(map_, s, op.kind, op.chunk);
+    const auto offloaded = [&] {
+      return index_.Position(s, OpKind::kReload, op.mb, op.chunk) >= 0 ||
+             index_.Position(s, OpKind::kRelease, op.mb, op.chunk) >= 0;
+    };
+    switch (op.kind) {
+      case OpKind::kForward:
+        if (input) add(input->kind, input->chunk, true);
+        break;
+      case OpKind::kBackward:
+        add(OpKind::kForward, op.chunk, true);
+        if (input) add(input->kind, input->chunk, true);
+        if (offloaded()) add(OpKind::kReload, op.chunk, true);
+        break;
+      case OpKind::kBackwardWeight:
+        add(OpKind::kBackward, op.chunk, true);
+        if (offloaded()) add(OpKind::kReload, op.chunk, true);
+        break;
+      case OpKind::kSendActivation:
+        add(OpKind::kForward, op.chunk, false);
+        break;
+      case OpKind::kOffload:
+      case OpKind::kRecompute:
+      case OpKind::kRecomputeLean:
+        add(OpKind::kForward, op.chunk, true);
+        break;
+      case OpKind::kSendGrad:
+        add(OpKind::kBackward, op.chunk, false);
+        break;
+      case OpKind::kRelease:
+      case OpKind::kReload:
+        add(OpKind::kOffload, op.chunk, true);
+        break;
+      default:
+        break;  // RECV and BARRIER depend on their partner only
     }
-    *why = "needs " + std::string(OpKindName(kind)) + std::to_string(mb) + "." +
-           std::to_string(chunk) +
-           (j < 0 ? ", which is not in its program"
-                  : ", which comes later, at op " + std::to_string(j));
-    return false;
+    return n;
   }
 
-  bool Offloaded(int s, int mb, int chunk) const {
-    return index_.Position(s, OpKind::kReload, mb, chunk) >= 0 ||
-           index_.Position(s, OpKind::kRelease, mb, chunk) >= 0;
+  // Op i of s's dependencies resolved to program indices, up to the first one that is missing
+  // or not before it (then `stuck`: the op can never start). One sequential pass before the
+  // loop, so that the loop reads dense per-stage arrays instead of the index's rows.
+  Dependencies Resolve(int s, int i) const {
+    std::array<DependencyKey, 3> keys;
+    const int n = DependencyKeys(s, OpAt(s, i), &keys);
+    Dependencies deps;
+    for (int k = 0; k < n; ++k) {
+      const DependencyKey& key = keys[static_cast<std::size_t>(k)];
+      const int j = index_.Position(s, key.kind, key.mb, key.chunk);
+      if (j < 0 || j >= i) {
+        deps.stuck = true;
+        break;
+      }
+      deps.op[static_cast<std::size_t>(k)] = j;
+      deps.bounds |= static_cast<std::uint8_t>(key.bounds ? 1 << k : 0);
+      deps.transfer |= static_cast<std::uint8_t>(IsP2P(key.kind) ? 1 << k : 0);
+      ++deps.count;
+    }
+    return deps;
+  }
+
+  // Why op i of s (Resolve: stuck) can never start: its first dependency that is missing or
+  // comes later. Only for the hang report; recomputed from the index.
+  std::string StuckReason(int s, int i) const {
+    std::array<DependencyKey, 3> keys;
+    const int n = DependencyKeys(s, OpAt(s, i), &keys);
+    for (int k = 0; k < n; ++k) {
+      const DependencyKey& key = keys[static_cast<std::size_t>(k)];
+      const int j = index_.Position(s, key.kind, key.mb, key.chunk);
+      if (j >= 0 && j < i) continue;
+      return "needs " + std::string(OpKindName(key.kind)) + std::to_string(key.mb) + "." +
+             std::to_string(key.chunk) +
+             (j < 0 ? ", which is not in its program"
+                    : ", which comes later, at op " + std::to_string(j));
+    }
+    return "";
   }
 
   // The head's earliest start (a post time for SEND/RECV) from its own stage, or nullopt with
-  // *why (stuck) or *waits_for (an open transfer).
+  // *why (stuck) or *waits_for (a RECV before it whose transfer is still open: the head is not
+  // stuck, only waiting).
   std::optional<double> OwnReady(int s, std::string* why, int* waits_for) const {
     const StageState& state = State(s);
     const Op& op = OpAt(s, state.head);
@@ -201,48 +288,19 @@ class EventLoop {
     if (const int slot = Slot(op.kind); slot >= 0) {
       t = std::max(t, state.engine_free[static_cast<std::size_t>(slot)]);
     }
-    // The neighbour's data: a RECV, or the neighbour's own op when it is on this stage.
-    const std::optional<internal::NeighbourInput> input =
-        internal::InputOf(map_, s, op.kind, op.chunk);
-    // The producer of a SEND must precede it, but its end only bounds the transfer: `ignored`.
-    double ignored = 0.0;
-    bool ok = true;
-    switch (op.kind) {
-      case OpKind::kForward:
-        if (input) ok = After(s, input->kind, op.mb, input->chunk, &t, why, waits_for);
-        break;
-      case OpKind::kBackward:
-        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why, waits_for);
-        if (ok && input) ok = After(s, input->kind, op.mb, input->chunk, &t, why, waits_for);
-        if (ok && Offloaded(s, op.mb, op.chunk)) {
-          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why, waits_for);
-        }
-        break;
-      case OpKind::kBackwardWeight:
-        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &t, why, waits_for);
-        if (ok && Offloaded(s, op.mb, op.chunk)) {
-          ok = After(s, OpKind::kReload, op.mb, op.chunk, &t, why, waits_for);
-        }
-        break;
-      case OpKind::kSendActivation:
-        ok = After(s, OpKind::kForward, op.mb, op.chunk, &ignored, why, waits_for);
-        break;
-      case OpKind::kOffload:
-      case OpKind::kRecompute:
-      case OpKind::kRecomputeLean:
-        ok = After(s, OpKind::kForward, op.mb, op.chunk, &t, why, waits_for);
-        break;
-      case OpKind::kSendGrad:
-        ok = After(s, OpKind::kBackward, op.mb, op.chunk, &ignored, why, waits_for);
-        break;
-      case OpKind::kRelease:
-      case OpKind::kReload:
-        ok = After(s, OpKind::kOffload, op.mb, op.chunk, &t, why, waits_for);
-        break;
-      default:
-        break;  // RECV and BARRIER depend on their partner only
+    const Dependencies& deps = state.deps[static_cast<std::size_t>(state.head)];
+    for (int k = 0; k < deps.count; ++k) {
+      const auto j = static_cast<std::size_t>(deps.op[static_cast<std::size_t>(k)]);
+      if ((deps.transfer >> k & 1) != 0 && !state.resolved[j]) {
+        *waits_for = static_cast<int>(j);
+        return std::nullopt;
+      }
+      if ((deps.bounds >> k & 1) != 0) t = std::max(t, state.end[j]);
     }
-    if (!ok) return std::nullopt;
+    if (deps.stuck) {
+      *why = StuckReason(s, state.head);
+      return std::nullopt;
+    }
     return t;
   }
 
@@ -304,6 +362,7 @@ class EventLoop {
     state.post[static_cast<std::size_t>(i)] = t;
     const Op& op = OpAt(s, i);
     Timed(s, i) = TimedOp{s, i, op, EngineOf(op.kind), t, t, cost_.boundary_bytes};
+    state.end[static_cast<std::size_t>(i)] = t;
     if (IsSend(op.kind)) {
       to_check_.push_back(s);
     } else if (index_.Partner(s, i) >= 0) {
@@ -327,19 +386,20 @@ class EventLoop {
           receiver.recvs[receiver.recvs_done] != j) {
         return;  // an earlier receive of that stage is still open; it will check us again
       }
-      const OpKind producer =
-          op.kind == OpKind::kSendActivation ? OpKind::kForward : OpKind::kBackward;
-      const int k = index_.Position(s, producer, op.mb, op.chunk);  // before i: Arm checked
+      // The producer (F or B): the SEND's one dependency, before it (Arm checked).
+      const int k = sender.deps[static_cast<std::size_t>(i)].op[0];
       const double start =
           std::max({sender.post[static_cast<std::size_t>(i)],
-                    receiver.post[static_cast<std::size_t>(j)], Timed(s, k).end,
-                    sender.send_free, receiver.recv_free});
+                    receiver.post[static_cast<std::size_t>(j)],
+                    sender.end[static_cast<std::size_t>(k)], sender.send_free,
+                    receiver.recv_free});
       const double end = start + p2p_duration_;
       for (const auto& [stage, index] : {std::pair{s, i}, std::pair{op.peer, j}}) {
         TimedOp& timed = Timed(stage, index);
         timed.start = start;
         timed.end = end;
         State(stage).resolved[static_cast<std::size_t>(index)] = 1;
+        State(stage).end[static_cast<std::size_t>(index)] = end;
       }
       sender.send_free = end;
       receiver.recv_free = end;
@@ -409,6 +469,7 @@ class EventLoop {
     if (const int slot = Slot(op.kind); slot >= 0) {
       state.engine_free[static_cast<std::size_t>(slot)] = timed.end;
     }
+    state.end[static_cast<std::size_t>(state.head)] = timed.end;
     state.issue = t;
     ++state.head;
   }
@@ -513,7 +574,8 @@ absl::StatusOr<std::vector<std::vector<TimedOp>>> RunPrograms(const Schedule& sc
 }
 
 // Program-order memory of one stage (the *units / *_bytes fields), its time-ordered samples
-// (simulate.h: who holds memory when, and ties), and its busy/end times.
+// (simulate.h: who holds memory when, and ties; not when `samples` is null), and its busy/end
+// times.
 void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
                  const std::vector<TimedOp>& timed, StagePrediction* out,
                  std::vector<MemorySample>* samples) {
@@ -545,7 +607,7 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     bytes += delta_bytes;
     out->peak_units = std::max(out->peak_units, units);
     out->peak_bytes = std::max(out->peak_bytes, bytes);
-    changes.push_back({when, index, delta_bytes, delta_units});
+    if (samples != nullptr) changes.push_back({when, index, delta_bytes, delta_units});
     plain_units += delta_units;
     plain_bytes += delta_bytes;
     out->peak_units_without_offload = std::max(out->peak_units_without_offload, plain_units);
@@ -584,7 +646,7 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
       bytes += sign * entry;
       out->peak_units = std::max(out->peak_units, units);
       out->peak_bytes = std::max(out->peak_bytes, bytes);
-      changes.push_back({when, t.index, sign * entry, sign});
+      if (samples != nullptr) changes.push_back({when, t.index, sign * entry, sign});
       if (!IsOffload(op.kind)) {
         plain_units += sign;
         plain_bytes += sign * entry;
@@ -608,6 +670,7 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     if (t.engine == Engine::kCompute) out->busy_time += t.end - t.start;
     out->end_time = std::max(out->end_time, t.end);
   }
+  if (samples == nullptr) return;
   // Time order; at one instant frees first (simulate.h), then program order.
   std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) {
     if (a.time != b.time) return a.time < b.time;
@@ -700,7 +763,8 @@ bool HasTransfers(const Schedule& schedule) {
   return false;
 }
 
-absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel& cost) {
+absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel& cost,
+                                      SimulateDetail detail) {
   PO_RETURN_IF_ERROR(CheckStructure(schedule, nullptr));
   PO_RETURN_IF_ERROR(Annotate(internal::CheckCostModel(cost, schedule.spec), "Simulate"));
   PO_RETURN_IF_ERROR(Annotate(internal::CheckTotalOpTime(schedule, cost), "Simulate"));
@@ -709,13 +773,22 @@ absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel&
   PO_ASSIGN_OR_RETURN(timeline.stages, RunPrograms(schedule, cost));
 
   Predictions& predictions = timeline.predictions;
+  if (detail == SimulateDetail::kStepTime) {
+    // The same maximum StageMemory takes, over every op's end.
+    for (const auto& stage : timeline.stages) {
+      for (const TimedOp& t : stage) predictions.step_time = std::max(predictions.step_time, t.end);
+    }
+    predictions.step_time_without_offload = predictions.step_time;
+    return timeline;
+  }
   predictions.stages.resize(static_cast<std::size_t>(p));
-  timeline.memory.resize(static_cast<std::size_t>(p));
+  if (detail == SimulateDetail::kFull) timeline.memory.resize(static_cast<std::size_t>(p));
   double busy = 0.0;
   for (int s = 0; s < p; ++s) {
     StagePrediction& stage = predictions.stages[static_cast<std::size_t>(s)];
     StageMemory(schedule, cost, s, timeline.stages[static_cast<std::size_t>(s)], &stage,
-                &timeline.memory[static_cast<std::size_t>(s)]);
+                detail == SimulateDetail::kFull ? &timeline.memory[static_cast<std::size_t>(s)]
+                                                : nullptr);
     predictions.step_time = std::max(predictions.step_time, stage.end_time);
     busy += stage.busy_time;
   }

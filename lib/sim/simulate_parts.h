@@ -10,9 +10,19 @@
 
 namespace pipeoffload::internal {
 
-// Simulate without the second run: predictions.step_time_without_offload is step_time.
-[[nodiscard]] absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule,
-                                                    const CostModel& cost);
+// How much of a Timeline SimulateOnce fills in beyond the op times (Timeline::stages), for
+// callers that read less than all of it: each level leaves out more.
+enum class SimulateDetail {
+  kFull,         // everything Simulate returns but the second run
+  kPredictions,  // no Timeline::memory (the time-ordered samples; the peaks are predictions)
+  kStepTime,     // of the predictions only step_time (and step_time_without_offload = it)
+};
+
+// Simulate without the second run: predictions.step_time_without_offload is step_time. The
+// op times, and whatever `detail` fills in, are bit-identical to Simulate's.
+[[nodiscard]] absl::StatusOr<Timeline> SimulateOnce(
+    const Schedule& schedule, const CostModel& cost,
+    SimulateDetail detail = SimulateDetail::kFull);
 
 // True when `schedule` holds an OFFLOAD, RELEASE, RELOAD or BARRIER.
 bool HasTransfers(const Schedule& schedule);
