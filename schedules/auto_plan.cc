@@ -25,6 +25,10 @@
 // fits: once recomputing lean (then, when full is allowed, upgrading to full where lean is not
 // enough) and once recomputing full. All compete on step time (recompute costs compute time;
 // offload is free while the link keeps up).
+//
+// "Faster" is the candidate's predicted step_time, or with a judge (CompileOptions::auto_step)
+// the judge's step: stages sharing one GPU are judged by SimulateSharedGpu, where recompute in a
+// bubble is not free. Only the ranking changes; which candidates are compiled does not.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -137,7 +141,9 @@ std::string ChoiceName(const RecomputeChoice& choice, const PipelineSpec& spec) 
 struct Search {
   const PipelineSpec& spec;
   std::vector<std::string>* alternatives;
+  const StepJudge& judge;
   std::optional<Schedule> best;
+  double best_step = 0.0;  // Step(*best)
   std::string best_name;
   std::optional<std::int64_t> smallest_peak;
   std::string smallest_name;
@@ -187,6 +193,18 @@ struct Search {
     return *std::move(compiled);
   }
 
+  // The step `schedule` is ranked by (the file comment); nullopt when the judge rules it out.
+  std::optional<double> Step(const Schedule& schedule, const std::string& name) {
+    if (!judge) return schedule.predictions->step_time;
+    absl::StatusOr<double> step = judge(schedule);
+    if (!step.ok()) {
+      Log(absl::StrCat(name, ": ruled out by the step judge: ", step.status().message()));
+      return std::nullopt;
+    }
+    Log(absl::StrFormat("%s: judged step time %.6g", name, *step));
+    return *step;
+  }
+
   bool Fits(const Schedule& schedule) const {
     return MaxPeak(*schedule.predictions) <= spec.memory_budget_bytes;
   }
@@ -209,9 +227,11 @@ struct Search {
     std::string name;
     std::optional<Schedule> plain = Try(order, cost, 0, &name);
     if (!plain) return;
-    if (best && plain->predictions->step_time > best->predictions->step_time * (1 + 1e-9)) {
+    const std::optional<double> plain_step = Step(*plain, name);
+    if (!plain_step) return;
+    if (best && *plain_step > best_step * (1 + 1e-9)) {
       Log(absl::StrFormat("%s: step time %.6g, slower than %s: skipped with its larger shares",
-                          name, plain->predictions->step_time, best_name));
+                          name, *plain_step, best_name));
       return;
     }
     LogPlan(name, *plain);
@@ -308,15 +328,18 @@ struct Search {
   // Keeps `schedule` (which fits) when it is faster than the incumbent, or as fast and moves
   // fewer bytes.
   void Consider(Schedule schedule, const std::string& name) {
+    const std::optional<double> step = Step(schedule, name);
+    if (!step) return;
     const Predictions& p = *schedule.predictions;
     const Predictions* incumbent = best ? &*best->predictions : nullptr;
     const bool better =
-        incumbent == nullptr || p.step_time < incumbent->step_time * (1 - 1e-9) ||
-        (p.step_time <= incumbent->step_time * (1 + 1e-9) &&
+        incumbent == nullptr || *step < best_step * (1 - 1e-9) ||
+        (*step <= best_step * (1 + 1e-9) &&
          std::make_pair(Offloaded(p), MaxPeak(p)) <
              std::make_pair(Offloaded(*incumbent), MaxPeak(*incumbent)));
     if (!better) return;
     best = std::move(schedule);
+    best_step = *step;
     best_name = name;
   }
 };
@@ -346,7 +369,8 @@ CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v) {
 }
 
 absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cost,
-                                  std::vector<std::string>* alternatives) {
+                                  std::vector<std::string>* alternatives,
+                                  const StepJudge& judge) {
   if (spec.memory_budget_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "auto offload needs memory_budget_bytes > 0, the per-stage activation budget in bytes "
@@ -358,7 +382,7 @@ absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cos
         "auto offload needs num_stages, num_microbatches and chunks_per_stage >= 1 (got p=",
         spec.num_stages, ", m=", spec.num_microbatches, ", v=", spec.chunks_per_stage, ")"));
   }
-  Search search{spec, alternatives};
+  Search search{spec, alternatives, judge};
   for (const Order& order : Orders(spec, cost)) {
     search.TryOrder(order, RechunkedCost(cost, spec.chunks_per_stage, order.v));
   }
@@ -374,10 +398,12 @@ absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cos
         " candidates; raise the budget or add stages"));
   }
   Schedule& best = *search.best;
+  const std::string judged =
+      judge ? absl::StrFormat(", judged %.6g", search.best_step) : std::string();
   best.predictions->warnings.push_back(absl::StrFormat(
-      "auto: chose %s (step time %.6g, peak %d <= budget %d bytes per stage) among %d "
+      "auto: chose %s (step time %.6g%s, peak %d <= budget %d bytes per stage) among %d "
       "candidates",
-      search.best_name, best.predictions->step_time, MaxPeak(*best.predictions),
+      search.best_name, best.predictions->step_time, judged, MaxPeak(*best.predictions),
       spec.memory_budget_bytes, search.weighed));
   return std::move(best);
 }

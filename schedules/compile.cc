@@ -68,10 +68,11 @@ absl::StatusOr<Schedule> CompileOrder(const PipelineSpec& spec, const CostModel&
 
 }  // namespace
 
-absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost) {
+absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost,
+                                 const CompileOptions& options) {
   PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
   if (spec.offload == OffloadPolicy::kAuto) {
-    return internal::PlanAuto(spec, cost, /*alternatives=*/nullptr);
+    return internal::PlanAuto(spec, cost, /*alternatives=*/nullptr, options.auto_step);
   }
   return CompileOrder(spec, cost, /*given=*/nullptr);
 }

@@ -41,9 +41,11 @@ namespace pipeoffload::internal {
 // The cost model describes chunks of spec.chunks_per_stage; a candidate with another v cuts the
 // same layers into v chunks, so it is priced with RechunkedCost(cost, spec v, candidate v), and
 // the returned schedule's predictions come from that model (a caller that simulates or traces
-// the result again must use it too).
+// the result again must use it too). With `judge`, candidates are ranked by its step instead of
+// their predicted step_time (CompileOptions::auto_step).
 [[nodiscard]] absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cost,
-                                                std::vector<std::string>* alternatives);
+                                                std::vector<std::string>* alternatives,
+                                                const StepJudge& judge = {});
 
 // `cost` (for chunks of a stage cut `from_v` ways) re-cut into `to_v` chunks per stage: compute
 // times and activation bytes scale by from_v / to_v, and so do recompute times given

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 
 namespace pipeoffload::gpt {
@@ -18,26 +17,6 @@ Placement JobPlacement(const PipelineSpec& spec) {
   absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
   return resolved.ok() ? resolved->placement : spec.placement;
 }
-
-namespace {
-
-// GptCudaStageModel follows the placement (GptCudaStageOptions::placement) as the CPU model
-// does, but its V layout has not run on a GPU yet (gpt_cuda_gpu_tests' "zbv and dualpipev"
-// case proves it bitwise against 1F1B); until it has, --backend cuda refuses V schedules here,
-// before any device is touched.
-absl::Status CheckModelPlacement(const TrainOptions& options, const PipelineSpec& spec,
-                                 const std::string& source) {
-  if (options.backend != TrainBackend::kCuda) return absl::OkStatus();
-  absl::StatusOr<PipelineSpec> resolved = ResolveSpec(spec);
-  if (!resolved.ok() || resolved->placement != Placement::kV) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      source, " is ", std::string(FamilyName(resolved->family)),
-      " with placement v (chunk 1 of stage d is virtual stage 2p - 1 - d), which --backend cuda "
-      "does not run yet (the CUDA GPT's V layout is untested on a GPU); use a loop-placement "
-      "schedule (1f1b, interleaved, group-interleaved) or --backend cpu"));
-}
-
-}  // namespace
 
 absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
                                      const std::optional<Schedule>& loaded, int num_ranks,
@@ -55,12 +34,7 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
     if (options.stages_given && options.stages != num_ranks) {
       return mismatch(options.stages, absl::StrCat("--stages ", options.stages));
     }
-    PO_ASSIGN_OR_RETURN(PipelineSpec spec, TrainSpec(options, num_ranks));
-    const std::string source = options.family.empty()
-                                   ? absl::StrCat("--schedule ", options.schedule)
-                                   : absl::StrCat("--family ", options.family);
-    PO_RETURN_IF_ERROR(CheckModelPlacement(options, spec, source));
-    return spec;
+    return TrainSpec(options, num_ranks);
   }
   const PipelineSpec& spec = loaded->spec;
   const std::string source = absl::StrCat("--schedule-file ", options.schedule_file);
@@ -83,7 +57,6 @@ absl::StatusOr<PipelineSpec> JobSpec(const TrainOptions& options,
     return absl::InvalidArgumentError(
         absl::StrCat("--split-backward conflicts with ", source, ", which has no W ops"));
   }
-  PO_RETURN_IF_ERROR(CheckModelPlacement(options, spec, source));
   return spec;
 }
 

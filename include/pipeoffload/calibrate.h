@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pipeoffload/backend.h"
+#include "pipeoffload/schedule.h"  // VirtualStageMap
 #include "pipeoffload/stage_model.h"
 
 namespace pipeoffload {
@@ -101,15 +102,16 @@ struct StageCostProbe {
   std::function<absl::Status(void* device, std::int64_t bytes, int index)> fill;  // as above
 };
 
-// Times every chunk of stage `stage` of a pipeline of `num_stages` stages and `chunks` chunks
-// per stage (chunk c is virtual stage c * p + stage: the first has no input, the last no
-// output) with MeasureChunkTimes on microbatch 0, then its host link with MeasureLink. The
+// Times every chunk of stage `stage` of a pipeline placed as `map` says (chunk c is virtual
+// stage map.virtual_stage(stage, c): the first has no input, the last no output; under V a
+// stage's chunk 1 runs back down the pipeline) with MeasureChunkTimes on microbatch 0, then its
+// host link with MeasureLink. The
 // model must be ready to run every chunk for microbatch 0 (its first iteration started) and
 // its weight gradients collect the calls' contributions (start the next iteration, which
 // zeroes them, before training). Errors: those two functions', annotated with the stage and
-// chunk; InvalidArgument for a stage outside [0, num_stages) or chunks < 1.
+// chunk; InvalidArgument for a stage outside [0, map.num_stages) or map.chunks < 1.
 [[nodiscard]] absl::StatusOr<StageCosts> MeasureStageCosts(Backend& backend, StageModel& model,
-                                                           int num_stages, int chunks, int stage,
+                                                           const VirtualStageMap& map, int stage,
                                                            bool split_backward,
                                                            const StageCostProbe& probe = {});
 

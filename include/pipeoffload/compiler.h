@@ -9,6 +9,7 @@
 #ifndef PIPEOFFLOAD_COMPILER_H_
 #define PIPEOFFLOAD_COMPILER_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -55,8 +56,20 @@ RecomputeChoice ChooseRecompute(const Schedule& lowered);
 [[nodiscard]] absl::StatusOr<Schedule> AddRecompute(const Schedule& lowered,
                                                     const RecomputeChoice& choice);
 
+// The step time `auto` ranks a candidate by (`candidate` is compiled, valid, with predictions
+// under the cost model it was planned with). An error rules the candidate out.
+using StepJudge = std::function<absl::StatusOr<double>(const Schedule& candidate)>;
+
+struct CompileOptions {
+  // Empty: each candidate's own predicted step_time, which gives every stage a compute engine
+  // of its own. Stages that time-share one GPU judge by SimulateSharedGpu (PlanSchedule does):
+  // there a recompute adds its time to the step however well it fills a stage's bubble.
+  StepJudge auto_step;
+};
+
 // Full pipeline of passes. The result passes Validate and carries predictions.
-[[nodiscard]] absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost);
+[[nodiscard]] absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost,
+                                               const CompileOptions& options = {});
 
 }  // namespace pipeoffload
 

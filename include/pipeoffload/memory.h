@@ -55,10 +55,17 @@ struct DeviceArenaOptions {
   std::int64_t budget_bytes = 0;  // the one device allocation; > 0
   std::int64_t alignment = 256;   // every block starts at a multiple; a power of two >= 4
   bool poison_on_free = kPoisonByDefault;  // fill freed blocks with kPoisonWord
+  // Stash requests smaller than this are carved from the top, as P2P buffers always are; the
+  // rest first-fit from the bottom. A stage sets it to its smallest full entry, so the retained
+  // blocks of recomputed entries (long-lived, smaller than any entry) never land in a hole a
+  // released entry left, which would split it below the size the next reload or regrow needs.
+  // 0: every stash block from the bottom.
+  std::int64_t stash_high_below_bytes = 0;
 };
 
-// One device allocation made at Create, carved by a first-fit allocator with coalescing. No
-// backend allocation happens after Create. Thread-safe.
+// One device allocation made at Create, carved by a first-fit allocator with coalescing: entries
+// from the bottom, small blocks (P2P buffers, retained blocks) from the top. No backend
+// allocation happens after Create. Thread-safe.
 class DeviceArena {
  public:
   // Errors: InvalidArgument for a non-positive budget or a bad alignment; the backend's

@@ -175,6 +175,9 @@ struct ArenaNeed {
   std::int64_t p2p_bytes = 0;    // the P2P reserve's peak in aligned boundary blocks
   int p2p_blocks = 0;
   std::int64_t largest_entry_bytes = 0;  // aligned
+  // Aligned; the arena carves stash blocks below it (retained blocks) from the top
+  // (DeviceArenaOptions::stash_high_below_bytes).
+  std::int64_t smallest_entry_bytes = 0;
   // The stash peak plus the P2P reserve. With kPlanned it is what Executor::Create checks; with
   // kWorstCase the executor checks the stash peak only (without a plan the P2P room is not
   // bounded up front: a run whose sends finish early needs less).

@@ -1,4 +1,5 @@
-// DeviceArena: one device allocation at Create, carved first-fit with coalescing.
+// DeviceArena: one device allocation at Create, carved first-fit with coalescing (small blocks
+// from the top).
 //
 // Invariants (guarded by mu_):
 //  - free_ and live_ partition [0, budget) except a tail shorter than the alignment: ranges are
@@ -84,9 +85,14 @@ absl::StatusOr<void*> DeviceArena::Allocate(std::int64_t bytes, MemoryCategory c
     // when peers finish; carved first-fit between stash entries they split the free space
     // (a budget that holds the plan then fails for want of one contiguous block). So they are
     // carved from the top of the highest range that fits, everything else first-fit from the
-    // bottom: the two kinds stay apart.
+    // bottom: the two kinds stay apart. Stash blocks below stash_high_below_bytes (recompute's
+    // retained blocks) go to the top for the same reason: at the bottom, where entries of one
+    // size come and go, a hole stays a whole entry.
+    const bool from_top =
+        category == MemoryCategory::kP2P ||
+        (category == MemoryCategory::kStash && size < options_.stash_high_below_bytes);
     std::optional<std::int64_t> found;
-    if (category == MemoryCategory::kP2P) {
+    if (from_top) {
       for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
         if (it->second < size) continue;
         const std::int64_t start = it->first;

@@ -85,8 +85,10 @@ absl::StatusOr<ArenaNeed> StageArenaNeed(const Schedule& schedule, int stage,
   need.p2p_bytes =
       P2PBoundBytes(*p2p, std::max<std::int64_t>(sizes.boundary_bytes, 1), alignment);
   for (int c = 0; c < spec.chunks_per_stage; ++c) {
-    need.largest_entry_bytes =
-        std::max(need.largest_entry_bytes, aligned(model.SavedBytes(c, spec.split_backward)));
+    const std::int64_t entry = aligned(model.SavedBytes(c, spec.split_backward));
+    need.largest_entry_bytes = std::max(need.largest_entry_bytes, entry);
+    need.smallest_entry_bytes =
+        c == 0 ? entry : std::min(need.smallest_entry_bytes, entry);
   }
   if (sizing.budget_bytes > 0) {
     need.budget_bytes = sizing.budget_bytes;

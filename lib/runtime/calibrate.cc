@@ -207,12 +207,13 @@ LinkFigures SlowestLink(const std::vector<StageCosts>& stages) {
   return slowest;
 }
 
-absl::StatusOr<StageCosts> MeasureStageCosts(Backend& backend, StageModel& model, int num_stages,
-                                             int chunks, int stage, bool split_backward,
-                                             const StageCostProbe& probe) {
-  if (stage < 0 || stage >= num_stages || chunks < 1) {
+absl::StatusOr<StageCosts> MeasureStageCosts(Backend& backend, StageModel& model,
+                                             const VirtualStageMap& map, int stage,
+                                             bool split_backward, const StageCostProbe& probe) {
+  const int chunks = map.chunks;
+  if (stage < 0 || stage >= map.num_stages || chunks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("MeasureStageCosts: stage ", stage, " of ",
-                                                   num_stages, " with ", chunks, " chunks"));
+                                                   map.num_stages, " with ", chunks, " chunks"));
   }
   constexpr std::int64_t kLinkProbeMinBytes = std::int64_t{1} << 20;
   StageCosts costs;
@@ -220,8 +221,9 @@ absl::StatusOr<StageCosts> MeasureStageCosts(Backend& backend, StageModel& model
   for (int c = 0; c < chunks; ++c) {
     ChunkTimingOptions options;
     options.chunk = c;
-    options.has_input = !(c == 0 && stage == 0);
-    options.has_output = !(c == chunks - 1 && stage == num_stages - 1);
+    const int virtual_stage = map.virtual_stage(stage, c);
+    options.has_input = virtual_stage != 0;
+    options.has_output = virtual_stage != map.num_virtual_stages() - 1;
     options.untimed = probe.untimed;
     options.reps = probe.reps;
     options.timeout_seconds = probe.timeout_seconds;

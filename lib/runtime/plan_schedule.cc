@@ -11,6 +11,7 @@
 #include "pipeoffload/planning.h"
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
+#include "schedules/offload_planner.h"
 
 namespace pipeoffload {
 namespace {
@@ -50,19 +51,36 @@ std::int64_t StashSum(const Schedule& schedule) {
   return sum;
 }
 
-// `spec` planned at compute factor `c` (c = 1 and the solo costs with a device per stage).
+// `schedule` (planned from `spec`, perhaps with another v: auto) on one GPU, from the solo costs
+// of its own chunks.
+absl::StatusOr<SharedGpuPrediction> OnOneGpu(const Schedule& schedule, const PipelineSpec& spec,
+                                             const CostModel& solo) {
+  return SimulateSharedGpu(schedule, internal::RechunkedCost(solo, spec.chunks_per_stage,
+                                                             schedule.spec.chunks_per_stage));
+}
+
+// `spec` planned at compute factor `c` (c = 1 and the solo costs with a device per stage). On
+// one GPU auto ranks its candidates by the one-GPU step: the compiler's model gives each stage
+// its own compute, where a recompute that fills a bubble costs nothing.
 absl::StatusOr<Plan> PlanAt(const PipelineSpec& spec, const CostModel& solo,
                             const PlanOptions& options, double c) {
   Plan plan;
   plan.compute_factor = c;
   plan.planned_with =
       OneGpu(options) ? SharedGpuCostModel(solo, options.shared_gpu, spec.num_stages, c) : solo;
-  PO_ASSIGN_OR_RETURN(plan.schedule, Compile(spec, plan.planned_with));
+  CompileOptions compile_options;
+  if (OneGpu(options)) {
+    compile_options.auto_step = [&](const Schedule& candidate) -> absl::StatusOr<double> {
+      PO_ASSIGN_OR_RETURN(const SharedGpuPrediction shared, OnOneGpu(candidate, spec, solo));
+      return shared.step_time;
+    };
+  }
+  PO_ASSIGN_OR_RETURN(plan.schedule, Compile(spec, plan.planned_with, compile_options));
   if (!plan.schedule.predictions.has_value()) {
     return absl::InternalError("Compile gave no predictions");
   }
   if (OneGpu(options)) {
-    PO_ASSIGN_OR_RETURN(plan.shared, SimulateSharedGpu(plan.schedule, solo));
+    PO_ASSIGN_OR_RETURN(plan.shared, OnOneGpu(plan.schedule, spec, solo));
   }
   return plan;
 }

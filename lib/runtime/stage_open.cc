@@ -134,8 +134,8 @@ void PipelineStageImpl::MeasureCosts(absl::Status& status) {
   for (int turn = 0; turn < turns; ++turn) {
     if (status.ok() && (!in_turns || turn == group->rank())) {
       absl::StatusOr<StageCosts> measured =
-          MeasureStageCosts(*backend_, model_, num_stages(), spec_.chunks_per_stage, stage_,
-                            spec_.split_backward, costs.probe);
+          MeasureStageCosts(*backend_, model_, spec_.stage_map(), stage_, spec_.split_backward,
+                            costs.probe);
       if (measured.ok()) {
         own_costs_ = *std::move(measured);
       } else {
@@ -315,6 +315,7 @@ absl::Status PipelineStageImpl::SetUpRuntime() {
   arena_options.budget_bytes = arena_need_.budget_bytes;
   arena_options.alignment = options_.arena.alignment;
   arena_options.poison_on_free = options_.poison_on_free;
+  arena_options.stash_high_below_bytes = arena_need_.smallest_entry_bytes;
   PO_ASSIGN_OR_RETURN(arena_, DeviceArena::Create(*backend_, arena_options));
   absl::StatusOr<std::unique_ptr<Executor>> executor =
       Executor::Create(spec_, schedule.stages[static_cast<std::size_t>(stage_)], model_,

@@ -88,45 +88,30 @@ TEST_CASE("a schedule file decides p, v, m and split, and conflicting flags are 
   }
 }
 
-TEST_CASE("a V-placement schedule runs on the CPU and is refused with --backend cuda",
-          "[train][plan]") {
-  for (const std::string family : {"zbv", "dualpipev"}) {
-    CAPTURE(family);
-    absl::StatusOr<TrainOptions> options = ParseTrainOptions({"--schedule", family});
+TEST_CASE("a V-placement schedule is planned for either backend", "[train][plan]") {
+  for (const std::string backend : {"cpu", "cuda"}) {
+    for (const std::string family : {"zbv", "dualpipev"}) {
+      CAPTURE(backend, family);
+      absl::StatusOr<TrainOptions> options =
+          ParseTrainOptions({"--schedule", family, "--backend", backend});
+      REQUIRE(options.ok());
+      absl::StatusOr<PipelineSpec> spec = JobSpec(*options, std::nullopt, 2, "local");
+      REQUIRE(spec.ok());
+      CHECK(JobPlacement(*spec) == Placement::kV);
+    }
+    // A file of a V schedule (the spec says placement v).
+    absl::StatusOr<Schedule> file =
+        Compile(testing::MakeSpec(Family::kZbv, 2, 4, 2, 0, true, OffloadPolicy::kNone),
+                UnitCostModel(0.25));
+    REQUIRE(file.ok());
+    REQUIRE(file->spec.placement == Placement::kV);
+    absl::StatusOr<TrainOptions> options =
+        ParseTrainOptions({"--schedule-file", "v.json", "--backend", backend});
     REQUIRE(options.ok());
-    absl::StatusOr<PipelineSpec> spec = JobSpec(*options, std::nullopt, 2, "local");
+    absl::StatusOr<PipelineSpec> spec = JobSpec(*options, *file, 2, "mpi");
     REQUIRE(spec.ok());
     CHECK(JobPlacement(*spec) == Placement::kV);
-    options = ParseTrainOptions({"--schedule", family, "--backend", "cuda"});
-    REQUIRE(options.ok());
-    spec = JobSpec(*options, std::nullopt, 2, "local");
-    REQUIRE_FALSE(spec.ok());
-    CHECK(spec.status().code() == absl::StatusCode::kUnimplemented);
-    CHECK(Message(spec.status()) ==
-          "--schedule " + family + " is " + family +
-              " with placement v (chunk 1 of stage d is virtual stage 2p - 1 - d), which "
-              "--backend cuda does not run yet (the CUDA GPT's V layout is untested on a GPU); "
-              "use a loop-placement schedule (1f1b, interleaved, group-interleaved) or "
-              "--backend cpu");
   }
-  // A file of a V schedule (the spec says placement v); the loop schedule of its shape runs.
-  absl::StatusOr<Schedule> file = Compile(
-      testing::MakeSpec(Family::kZbv, 2, 4, 2, 0, true, OffloadPolicy::kNone), UnitCostModel(0.25));
-  REQUIRE(file.ok());
-  REQUIRE(file->spec.placement == Placement::kV);
-  absl::StatusOr<TrainOptions> options =
-      ParseTrainOptions({"--schedule-file", "v.json", "--backend", "cuda"});
-  REQUIRE(options.ok());
-  absl::StatusOr<PipelineSpec> spec = JobSpec(*options, *file, 2, "mpi");
-  REQUIRE_FALSE(spec.ok());
-  CHECK(Message(spec.status()).starts_with("--schedule-file v.json is zbv with placement v"));
-  file = Compile(testing::MakeSpec(Family::kGroupInterleaved, 2, 4, 2, 0, true,
-                                   OffloadPolicy::kNone),
-                 UnitCostModel(0.25));
-  REQUIRE(file.ok());
-  spec = JobSpec(*options, *file, 2, "mpi");
-  REQUIRE(spec.ok());
-  CHECK(JobPlacement(*spec) == Placement::kLoop);
 }
 
 }  // namespace

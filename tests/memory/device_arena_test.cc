@@ -73,6 +73,47 @@ TEST_CASE("arena carves P2P buffers from the top, so they never split the stash'
   CHECK(arena->largest_free_block() == 0);
 }
 
+TEST_CASE("arena carves small stash blocks from the top, so a released entry's hole stays whole",
+          "[runtime][arena]") {
+  // Recompute's pattern: an offloaded entry (full size) is released while a recomputed entry's
+  // retained block (small, alive until its RECOMPUTE) is made, and then a full block is needed
+  // (a reload, or the regrow of a recomputed entry).
+  constexpr std::int64_t kEntry = 8 * 256;
+  constexpr std::int64_t kRetained = 256;
+  constexpr std::int64_t kBudget = kEntry + 3 * kRetained;
+  auto backend = testing::NewCpuBackend();
+  const auto pattern = [&](DeviceArena& arena) -> absl::StatusOr<void*> {
+    void* offloaded = Allocate(arena, kEntry);
+    Allocate(arena, kRetained);
+    REQUIRE(arena.Free(offloaded).ok());  // its D2H copy done
+    Allocate(arena, kRetained);           // the next recomputed entry's F
+    return arena.Allocate(kEntry, MemoryCategory::kStash);
+  };
+  SECTION("first fit puts the retained block in the hole, and the entry no longer fits") {
+    auto arena = Arena(*backend, kBudget);
+    absl::StatusOr<void*> entry = pattern(*arena);
+    CHECK(entry.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(arena->largest_free_block() == kEntry - kRetained);
+  }
+  SECTION("below stash_high_below_bytes they go to the top; entries keep the bottom") {
+    DeviceArenaOptions options;
+    options.budget_bytes = kBudget;
+    options.poison_on_free = false;
+    options.stash_high_below_bytes = kEntry;
+    absl::StatusOr<std::unique_ptr<DeviceArena>> arena = DeviceArena::Create(*backend, options);
+    REQUIRE(arena.ok());
+    void* first = Allocate(**arena, kEntry);
+    REQUIRE((*arena)->Free(first).ok());
+    absl::StatusOr<void*> entry = pattern(**arena);
+    REQUIRE(entry.ok());
+    CHECK(*entry == first);  // the bottom, where the released entry was
+    CHECK((*arena)->largest_free_block() == kRetained);
+    // A block of the threshold's size is an entry: the bottom.
+    REQUIRE((*arena)->Free(*entry).ok());
+    CHECK(Allocate(**arena, kEntry) == first);
+  }
+}
+
 TEST_CASE("arena coalesces freed neighbours in any order", "[runtime][arena]") {
   auto backend = testing::NewCpuBackend();
   auto arena = Arena(*backend, 16 * 256);

@@ -124,6 +124,39 @@ TEST_CASE("MeasureChunkTimes: first and last virtual stages get null boundaries"
   }
 }
 
+TEST_CASE("MeasureStageCosts: boundaries follow the placement (V: chunk 1 runs back down)",
+          "[calibrate]") {
+  // p = 2, v = 2. Loop: stage 0 holds virtual stages 0, 2 and stage 1 holds 1, 3. V: stage 0
+  // holds 0, 3 and stage 1 holds 1, 2, so stage 1's chunk 1 is a middle stage (gpt_train
+  // --backend cuda once gave it no output: "a required pointer is null").
+  for (const Placement placement : {Placement::kLoop, Placement::kV}) {
+    for (int stage = 0; stage < 2; ++stage) {
+      Rig rig;
+      rig.model.forward_sleep = std::chrono::milliseconds(0);
+      rig.model.backward_sleep = std::chrono::milliseconds(0);
+      StageCostProbe probe;
+      probe.untimed = 0;
+      probe.reps = 1;
+      probe.link_reps = 1;
+      const VirtualStageMap map{placement, 2, 2};
+      CAPTURE(placement == Placement::kV, stage);
+      absl::StatusOr<StageCosts> costs =
+          MeasureStageCosts(rig.backend, rig.model, map, stage, false, probe);
+      REQUIRE(costs.ok());
+      REQUIRE(costs->chunks.size() == 2);
+      REQUIRE(rig.model.calls.size() == 4);  // per chunk: F, B
+      for (int chunk = 0; chunk < 2; ++chunk) {
+        const int virtual_stage = map.virtual_stage(stage, chunk);
+        const RecordingModel::Call& forward = rig.model.calls[static_cast<std::size_t>(2 * chunk)];
+        CAPTURE(chunk, virtual_stage);
+        CHECK((forward.input == nullptr) == (virtual_stage == 0));
+        CHECK((forward.output == nullptr) == (virtual_stage == 3));
+      }
+      CHECK(rig.backend.live_device_blocks() == 0);
+    }
+  }
+}
+
 TEST_CASE("MeasureChunkTimes: the fill callback sees every buffer the chunk reads",
           "[calibrate]") {
   Rig rig;
