@@ -7,6 +7,7 @@ import pipeoffload as po
 from pipeoffload.torch import (PinnedPool, PipelinePlan, PlanError, StashLedger, dense_span,
                                peak_without_offload, replay)
 from pipeoffload.torch import ledger as ledger_module
+from pipeoffload.torch.plan import RECOMPUTE_KINDS
 
 SPECS = [("1f1b", 1, 8), ("interleaved", 2, 8), ("group-interleaved", 2, 8),
          ("group-interleaved", 3, 12)]
@@ -100,6 +101,88 @@ def test_ledger_finish_names_what_is_left():
                                         r"COPYING_OUT\)"):
         ledger.finish()
     assert ledger.entries_in(ledger_module.COPYING_OUT) == [(0, 0, 0)]
+
+
+# Recompute: bytes the compiler's way, so the ledger's replay can be held to its predictions.
+ENTRY, INPUT, LEAN = 1 << 20, 1 << 16, 1 << 19
+RECOMPUTE_COSTS = {"activation_bytes": ENTRY, "retained_full_bytes": INPUT,
+                   "retained_lean_bytes": LEAN}
+
+
+def recompute_plan(**spec):
+    costs = po.Costs(unit_costs=True, offload_ratio=1.0, overrides=RECOMPUTE_COSTS)
+    return po.compile(costs=costs, **spec)
+
+
+def entry_and_lean_bytes(plan, chunks_given):
+    # auto may re-chunk the same layers into v chunks (RechunkedCost): an entry and its lean
+    # part scale with chunks_given / v; a full recompute keeps the chunk's input, which stays.
+    assert ENTRY * chunks_given % plan.chunks_per_stage == 0
+    return (ENTRY * chunks_given // plan.chunks_per_stage,
+            LEAN * chunks_given // plan.chunks_per_stage)
+
+
+def retained_sizes(plan, lean):
+    return {a.key: INPUT if a.kind == "RECOMPUTE" else lean
+            for program in plan.programs for a in program if a.kind in RECOMPUTE_KINDS}
+
+
+@pytest.mark.parametrize("spec", [
+    dict(stages=4, microbatches=8, recompute="full", recompute_fraction=0.5),
+    dict(stages=4, microbatches=8, recompute="lean"),
+    dict(family="interleaved", stages=2, microbatches=8, chunks=2, recompute="full",
+         recompute_chunks=1, split_backward=True),
+    # auto's per-entry mix: offloaded, lean and full entries in one plan.
+    dict(stages=2, microbatches=8, offload="auto", recompute="full",
+         memory_budget_bytes=int(0.6 * 2 * ENTRY)),
+], ids=["full-half", "lean", "interleaved-split", "auto-mix"])
+def test_replay_of_recompute_plans_is_the_compilers_in_bytes(spec):
+    schedule = recompute_plan(**spec)
+    plan = PipelinePlan.from_schedule(schedule)
+    entry, lean = entry_and_lean_bytes(plan, spec.get("chunks", 1))
+    retained = retained_sizes(plan, lean)
+    assert retained, "the plan recomputes nothing"
+    if spec.get("offload") == "auto":
+        kinds = {a.kind for program in plan.programs for a in program}
+        assert {"OFFLOAD", "RECOMPUTE", "RECOMPUTE_LEAN"} <= kinds
+    sizes = {(d, c, mb): (entry,) for d in range(plan.num_stages)
+             for c in range(plan.chunks_per_stage) for mb in range(plan.num_microbatches)}
+    result = replay(plan, entry_sizes=sizes, retained_sizes=retained)
+    for d, predicted in enumerate(schedule.predictions.stages):
+        assert result.device[d].peak_units == predicted.peak_units, f"stage {d}"
+        assert result.device[d].peak_bytes == predicted.peak_bytes, f"stage {d}"
+    # Counted as if nothing were dropped, the same plan needs more (what replay said before).
+    as_kept = replay(plan, entry_sizes=sizes)
+    assert max(u.peak_bytes for u in as_kept.device.values()) > max(
+        s.peak_bytes for s in schedule.predictions.stages)
+
+
+def test_ledger_walks_a_recomputed_entry():
+    key = (0, 0, 0)
+    ledger = StashLedger(split_backward=True, entry_bytes=lambda k: 10,
+                         recomputed={key: "RECOMPUTE"}, retained_bytes=lambda k: 3)
+    states = [ledger.apply(kind, key) for kind in ("F", "RECOMPUTE", "B", "W")]
+    assert states == ["RETAINED", "DEVICE", "BACKWARD_DONE", "FREED"]
+    # 3 bytes from F; 3 + 10 while the recompute runs; 10 until W.
+    assert (ledger.device[0].peak_units, ledger.device[0].peak_bytes) == (1, 13)
+    assert (ledger.device[0].units, ledger.device[0].bytes) == (0, 0)
+    assert ledger.host[0].peak_units == 0
+    ledger.finish()
+
+
+def test_ledger_refuses_recompute_ops_it_was_not_told_of():
+    ledger = StashLedger(split_backward=False, recomputed={(0, 0, 1): "RECOMPUTE_LEAN"})
+    ledger.apply("F", (0, 0, 0))
+    with pytest.raises(PlanError, match=r"RECOMPUTE of \(mb 0, chunk 0\) while the entry is "
+                                        r"DEVICE; RECOMPUTE needs it RETAINED"):
+        ledger.apply("RECOMPUTE", (0, 0, 0))
+    ledger.apply("F", (0, 0, 1))
+    with pytest.raises(PlanError, match=r"RECOMPUTE of \(mb 1, chunk 0\), which the ledger was "
+                                        r"told is RECOMPUTE_LEAN"):
+        ledger.apply("RECOMPUTE", (0, 0, 1))
+    with pytest.raises(PlanError, match=r"OFFLOAD of \(mb 1, chunk 0\) while the entry is "
+                                        r"RETAINED"):
+        ledger.apply("OFFLOAD", (0, 0, 1))
 
 
 class FakeEvent:

@@ -5,10 +5,15 @@ StashLedger beside its tensors; replay() runs a plan through one to predict memo
 Invariants (the tests check these sentences):
   - An entry (stage, chunk, mb) moves NEW -> DEVICE (F) -> COPYING_OUT (OFFLOAD) -> ON_HOST
     (RELEASE) -> RELOADED (RELOAD) -> BACKWARD_DONE (B, split backward only) -> FREED (B, or W
-    when split); an entry that is not offloaded goes DEVICE -> [BACKWARD_DONE ->] FREED. Any
-    other move raises PlanError naming the entry, the op and the state it was in.
+    when split); an entry that is not offloaded goes DEVICE -> [BACKWARD_DONE ->] FREED; a
+    recomputed entry goes NEW -> RETAINED (F) -> DEVICE (RECOMPUTE or RECOMPUTE_LEAN) ->
+    [BACKWARD_DONE ->] FREED. Any other move raises PlanError naming the entry, the op and the
+    state it was in.
   - Device residency: an entry counts from F until RELEASE and from RELOAD until it is freed
-    (B, or W when split), as the compiler counts its stash peak (peak_units, simulate.h).
+    (B, or W when split), as the compiler counts its stash peak (peak_units, simulate.h). A
+    recomputed entry counts one unit from F until it is freed; in bytes it holds its retained
+    block (the chunk's input for RECOMPUTE, the cheap parts' inputs for RECOMPUTE_LEAN) from F,
+    the retained block and the whole entry together while the RECOMPUTE runs, then the entry.
     RELEASE drops the device copy without waiting; the memory comes back once the D2H copy has
     finished, which the runtime, not the ledger, enforces.
   - Host residency: an entry holds its host buffers from OFFLOAD until its B, which runs only
@@ -19,21 +24,24 @@ import collections
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
-from .plan import PlanError
+from .plan import RECOMPUTE_KINDS, PlanError
 
-NEW, DEVICE, COPYING_OUT, ON_HOST, RELOADED, BACKWARD_DONE, FREED = (
-    "NEW", "DEVICE", "COPYING_OUT", "ON_HOST", "RELOADED", "BACKWARD_DONE", "FREED")
+NEW, RETAINED, DEVICE, COPYING_OUT, ON_HOST, RELOADED, BACKWARD_DONE, FREED = (
+    "NEW", "RETAINED", "DEVICE", "COPYING_OUT", "ON_HOST", "RELOADED", "BACKWARD_DONE", "FREED")
 
-# op -> {state before: state after}; B's target depends on split backward (see StashLedger.apply).
+# op -> {state before: state after}; F's target depends on whether the entry is recomputed and
+# B's on split backward (see StashLedger.apply).
 _MOVES = {
     "F": {NEW: DEVICE},
+    "RECOMPUTE": {RETAINED: DEVICE},
+    "RECOMPUTE_LEAN": {RETAINED: DEVICE},
     "OFFLOAD": {DEVICE: COPYING_OUT},
     "RELEASE": {COPYING_OUT: ON_HOST},
     "RELOAD": {ON_HOST: RELOADED},
     "B": {DEVICE: FREED, RELOADED: FREED},
     "W": {BACKWARD_DONE: FREED},
 }
-_ON_DEVICE = (DEVICE, COPYING_OUT, RELOADED, BACKWARD_DONE)
+_ON_DEVICE = (RETAINED, DEVICE, COPYING_OUT, RELOADED, BACKWARD_DONE)
 _ON_HOST = (COPYING_OUT, ON_HOST, RELOADED)
 
 
@@ -55,11 +63,16 @@ class Usage:
 class StashLedger:
     """The state of each stash entry of one iteration and the device / host usage it implies,
     per stage and for the whole process. `entry_bytes(key)` gives an entry's bytes (default 1
-    per entry: usage then counts units twice over, once as bytes)."""
+    per entry: usage then counts units twice over, once as bytes). `recomputed` maps the keys
+    the plan recomputes to their op (RECOMPUTE or RECOMPUTE_LEAN): their F keeps only
+    `retained_bytes(key)` (default: the entry's bytes, as if nothing were dropped)."""
 
-    def __init__(self, split_backward: bool, entry_bytes=None):
+    def __init__(self, split_backward: bool, entry_bytes=None, recomputed=None,
+                 retained_bytes=None):
         self.split_backward = split_backward
         self._entry_bytes = entry_bytes or (lambda key: 1)
+        self._recomputed: Dict[Tuple[int, int, int], str] = dict(recomputed or {})
+        self._retained_bytes = retained_bytes or self._entry_bytes
         self.state: Dict[Tuple[int, int, int], str] = collections.defaultdict(lambda: NEW)
         self.device: Dict[int, Usage] = collections.defaultdict(Usage)
         self.host: Dict[int, Usage] = collections.defaultdict(Usage)
@@ -67,8 +80,9 @@ class StashLedger:
         self.host_total = Usage()
 
     def apply(self, kind: str, key: Tuple[int, int, int]) -> str:
-        """Moves entry `key` = (stage, chunk, mb) by op `kind` (F, OFFLOAD, RELEASE, RELOAD, B,
-        W) and returns its new state. PlanError for a move the invariants forbid."""
+        """Moves entry `key` = (stage, chunk, mb) by op `kind` (F, OFFLOAD, RELEASE, RELOAD,
+        RECOMPUTE, RECOMPUTE_LEAN, B, W) and returns its new state. PlanError for a move the
+        invariants forbid, a recompute op the ledger was not told of included."""
         before = self.state[key]
         moves = _MOVES.get(kind)
         if moves is None:
@@ -78,20 +92,39 @@ class StashLedger:
             stage, chunk, mb = key
             raise PlanError(f"stage {stage}: {kind} of (mb {mb}, chunk {chunk}) while the entry "
                             f"is {before}; {kind} needs it {' or '.join(moves)}")
+        recompute = self._recomputed.get(key)
+        stage, chunk, mb = key
+        if kind == "F" and recompute is not None:
+            after = RETAINED
+        elif kind in RECOMPUTE_KINDS and kind != recompute:
+            raise PlanError(f"stage {stage}: {kind} of (mb {mb}, chunk {chunk}), which the "
+                            f"ledger was told is {recompute or 'not recomputed'}")
         if kind == "B" and self.split_backward:
             after = BACKWARD_DONE
         self._account(key, before, after)
         self.state[key] = after
         return after
 
+    def _device_bytes(self, key, state):
+        if state not in _ON_DEVICE:
+            return 0
+        return self._retained_bytes(key) if state == RETAINED else self._entry_bytes(key)
+
     def _account(self, key, before, after):
         nbytes = self._entry_bytes(key)
         stage = key[0]
         device_change = (after in _ON_DEVICE) - (before in _ON_DEVICE)
         host_change = (after in _ON_HOST) - (before in _ON_HOST)
-        if device_change:
-            self.device[stage].add(device_change, device_change * nbytes)
-            self.device_total.add(device_change, device_change * nbytes)
+        if before == RETAINED and after == DEVICE:
+            # The recompute rebuilds the whole entry while its retained block is still there,
+            # then drops the block (the runtime's Regrow / DropRetained): the peak sees both.
+            for usage in (self.device[stage], self.device_total):
+                usage.add(0, nbytes)
+                usage.add(0, -self._retained_bytes(key))
+        elif device_change:
+            change = self._device_bytes(key, after) - self._device_bytes(key, before)
+            self.device[stage].add(device_change, change)
+            self.device_total.add(device_change, change)
         if host_change:
             self.host[stage].add(host_change, host_change * nbytes)
             self.host_total.add(host_change, host_change * nbytes)
@@ -121,16 +154,24 @@ class Replay:
     host_buffers_peak: Dict[int, int]
 
 
-def replay(plan, order=None, entry_sizes=None) -> Replay:
+def replay(plan, order=None, entry_sizes=None, retained_sizes=None) -> Replay:
     """Runs `order` (default: plan.single_process_order()) through a StashLedger. entry_sizes
     maps (stage, chunk, mb) to the byte sizes of the tensors the entry saves (default: one
-    tensor of 1 byte per entry, so bytes count units)."""
+    tensor of 1 byte per entry, so bytes count units); retained_sizes maps a recomputed entry
+    to the bytes its F keeps (default: the entry's own, so bytes still count units)."""
     sizes = entry_sizes if entry_sizes is not None else {}
+    retained = retained_sizes if retained_sizes is not None else {}
 
     def tensors(key):
         return sizes.get(key, (1,))
 
-    ledger = StashLedger(plan.split_backward, entry_bytes=lambda key: sum(tensors(key)))
+    def entry_bytes(key):
+        return sum(tensors(key))
+
+    recomputed = {a.key: a.kind for program in plan.programs for a in program
+                  if a.kind in RECOMPUTE_KINDS}
+    ledger = StashLedger(plan.split_backward, entry_bytes=entry_bytes, recomputed=recomputed,
+                         retained_bytes=lambda key: retained.get(key, entry_bytes(key)))
     in_use = collections.Counter()
     buffers_peak = collections.Counter()
     for action in (order if order is not None else plan.single_process_order()):
