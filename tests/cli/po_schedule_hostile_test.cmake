@@ -114,6 +114,8 @@ hostile(2 "--microbatches is read only by compile and compare" validate
         "${fixtures}/nul_tail.json" --microbatches 4)
 hostile(2 "--recompute is read only by compile and compare" validate
         "${fixtures}/nul_tail.json" --recompute full)
+hostile(2 "--unsplit-backward is read only by compare (the file holds the spec)" validate
+        "${fixtures}/nul_tail.json" --unsplit-backward)
 hostile(2 "--recompute-chunks is read only by --recompute lean or full" --recompute-chunks 1)
 # A 50 MB string: once echoed whole into the error.
 string(REPEAT "abcdefghij" 5000000 long)
