@@ -62,10 +62,12 @@ absl::StatusOr<std::vector<std::string>> AllGatherChecked(RankGroup& group,
   const auto ranks = [](const std::vector<int>& list) {
     return absl::StrCat(list.size() == 1 ? "rank " : "ranks ", absl::StrJoin(list, ", "));
   };
-  std::string text =
-      absl::StrCat(std::string(phase), " failed on ",
-                   failed == group.size() ? std::string("every rank")
-                                          : absl::StrCat(failed, " of ", group.size(), " ranks"));
+  // A group of one (a one-stage pipeline) has no other rank to tell apart.
+  std::string text = absl::StrCat(
+      std::string(phase), " failed",
+      group.size() == 1        ? std::string()
+      : failed == group.size() ? std::string(" on every rank")
+                               : absl::StrCat(" on ", failed, " of ", group.size(), " ranks"));
   if (failures.size() == 1) {
     if (failed < group.size()) absl::StrAppend(&text, " (", ranks(failures[0].second), ")");
     absl::StrAppend(&text, ": ", failures[0].first);

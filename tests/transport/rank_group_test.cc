@@ -124,6 +124,10 @@ TEST_CASE("AllGatherChecked: payloads when all are OK, else every rank names the
     CHECK(std::string(result.status().message()) ==
           "setup (test) failed on every rank: no file x.json");
   }
+  // A group of one: nobody else to name.
+  for (const auto& result : GatherChecked({missing})) {
+    CHECK(std::string(result.status().message()) == "setup (test) failed: no file x.json");
+  }
   // Different failures: one line per message, ranks that failed alike together, the first
   // failed rank's code.
   const absl::Status small = absl::ResourceExhaustedError("arena too small");
