@@ -199,7 +199,10 @@ void PrepareChoices(const PipelineSpec& spec, double share, LinkGroupPlan& group
 
 // Chooses what the group offloads (offload_planner.cc, step 2): lower each stage's peak one
 // entry at a time, taking turns, until no entry (within the stage's share) can lower it
-// further; then fill the shares with the rest, longest-lived first.
+// further; then fill the shares with the rest, longest-lived first. A group of two or more
+// stages also tries the same after packing the D2Hs of the entries resident at each member's
+// peak back to back on the shared direction, and keeps that plan where its largest peak (over
+// the group's stages) is lower. A group of one stage plans as it did before packing.
 void ChooseEntries(LinkGroupPlan& group);
 
 // What `group` planned against what it was asked, into `outcomes`. `bandwidths` gives the
