@@ -23,8 +23,9 @@
 // link can, and rounds of RecomputeAtPeaks (recompute_mix.h) recompute entries at each stage's
 // peak that the plan kept, re-planning the offload around them each round, until the plan
 // fits: once recomputing lean (then, when full is allowed, upgrading to full where lean is not
-// enough) and once recomputing full. All compete on step time (recompute costs compute time;
-// offload is free while the link keeps up).
+// enough) and once recomputing full, each with rounds that cover a stage's peak and with rounds
+// that cover every instant above the budget (MixCover). All compete on step time (recompute
+// costs compute time; offload is free while the link keeps up).
 //
 // "Faster" is the candidate's predicted step_time, or with a judge (CompileOptions::auto_step)
 // the judge's step: stages sharing one GPU are judged by SimulateSharedGpu, where recompute in a
@@ -239,18 +240,21 @@ struct Search {
     std::optional<Schedule> full_offload = TryOffloadShares(order, cost);
     TryRecompute(order, cost);
     if (full_offload && spec.recompute != Recompute::kNone) {
-      TryMixed(order, cost, *full_offload, Recompute::kLean);
-      if (spec.recompute == Recompute::kFull) {
-        TryMixed(order, cost, *full_offload, Recompute::kFull);
+      for (const MixCover cover : {MixCover::kPeak, MixCover::kPlateau}) {
+        TryMixed(order, cost, *full_offload, Recompute::kLean, cover);
+        if (spec.recompute == Recompute::kFull) {
+          TryMixed(order, cost, *full_offload, Recompute::kFull, cover);
+        }
       }
     }
   }
 
   // Full offload plus recompute per entry (the file comment), starting from `full_offload`
-  // (the order's po-f plan, which does not fit) and recomputing in `mode` first; a lean
-  // search goes on in full once lean lowers no stage further, when spec.recompute allows it.
+  // (the order's po-f plan, which does not fit) and recomputing in `mode` first, each round
+  // covering what `cover` says; a lean search goes on in full once lean lowers no stage
+  // further, when spec.recompute allows it.
   void TryMixed(const Order& order, const CostModel& cost, const Schedule& full_offload,
-                Recompute mode) {
+                Recompute mode, MixCover cover) {
     RecomputeChoice choice;
     const Schedule* current = &full_offload;
     std::optional<Schedule> candidate;
@@ -260,12 +264,14 @@ struct Search {
       // Lean is not enough when it finds nothing more at the peaks or stops lowering them:
       // go on in full, which keeps less, where spec.recompute allows it.
       if (stalled >= kMixRoundsWithoutGain ||
-          RecomputeAtPeaks(*current, cost, spec.memory_budget_bytes, mode, &choice) == 0) {
+          RecomputeAtPeaks(*current, cost, spec.memory_budget_bytes, mode, cover, &choice) == 0) {
         // Nothing recomputed lean yet: that is the full search, made on its own.
         if (mode == Recompute::kFull || spec.recompute != Recompute::kFull || round == 0) return;
         mode = Recompute::kFull;
         stalled = 0;
-        if (RecomputeAtPeaks(*current, cost, spec.memory_budget_bytes, mode, &choice) == 0) return;
+        if (RecomputeAtPeaks(*current, cost, spec.memory_budget_bytes, mode, cover, &choice) == 0) {
+          return;
+        }
       }
       std::string name;
       candidate = Try(order, cost, kFullOffload, &name, Recompute::kNone, 1.0, &choice);

@@ -22,15 +22,23 @@
 
 namespace pipeoffload::internal {
 
+// How much of a stage above the budget one round covers. kPeak: the first instant of its peak
+// (the offload plan, made again, may handle the rest). kPlateau: every instant above the
+// budget, the program order's accounting redone with each round's choices (fewer rounds; it
+// recomputes entries a re-planned offload might have moved). On one GPU with 4 stages and
+// H200-like costs, neither is always the faster plan (docs/benchmarks.md, "auto's per-entry
+// mix"), so auto searches both.
+enum class MixCover { kPeak, kPlateau };
+
 // Adds to `choice` the entries of `planned` to recompute in `mode` next: on every stage whose
 // predicted peak exceeds `budget_bytes`, entries resident at its peak and not yet recomputed
 // (with `mode` kFull, offloaded ones too: the plan then keeps them off the link, and entries
 // recomputed lean whose RECOMPUTE_LEAN comes
 // after the peak count too: full keeps less), whose B comes after the peak and whose cost model
-// offers `mode`. Returns how many entries it added or changed (0: recompute in `mode` cannot
-// lower any stage further).
+// offers `mode`, as far as `cover` says. Returns how many entries it added or changed (0:
+// recompute in `mode` cannot lower any stage further).
 int RecomputeAtPeaks(const Schedule& planned, const CostModel& cost, std::int64_t budget_bytes,
-                     Recompute mode, RecomputeChoice* choice);
+                     Recompute mode, MixCover cover, RecomputeChoice* choice);
 
 }  // namespace pipeoffload::internal
 

@@ -16,6 +16,7 @@
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
 #include "schedules/offload_planner.h"
+#include "schedules/recompute_mix.h"
 #include "tests/testing/catch.h"
 #include "tests/testing/schedule_builders.h"
 
@@ -319,6 +320,62 @@ TEST_CASE("auto mixes offload and recompute per entry where offload alone cannot
   CHECK(fitting_recompute_only > 0);
   // Only the entries the link could not carry are recomputed: fewer than half of them.
   CHECK(2 * recomputed < 4 * 16 * mixed->spec.chunks_per_stage);
+}
+
+TEST_CASE("a mix round covers the first peak, or every instant above the budget",
+          "[recompute][auto][mix]") {
+  // The po-f plan of the test above, one entry below its peak and two: a round at the first
+  // peak picks a subset of a round that covers the whole plateau, and the plateau round's
+  // choices, applied to the same program (each chosen entry keeps its retained block from F,
+  // both blocks at its B, no copies), leave no instant above the budget in program order.
+  const CostModel cost = UnitCostModel(1.0);
+  PipelineSpec spec = MakeSpec(Family::k1F1B, 4, 16, 1);
+  spec.offload = OffloadPolicy::kFull;
+  absl::StatusOr<Schedule> planned = Compile(spec, cost);
+  REQUIRE(planned.ok());
+  std::int64_t peak = 0;
+  for (const StagePrediction& stage : planned->predictions->stages) {
+    peak = std::max(peak, stage.peak_bytes);
+  }
+  const OpKind frees = OpKind::kBackward;
+  bool plateau_larger = false;
+  for (const int below : {1, 2}) {
+    CAPTURE(below);
+    const std::int64_t budget = peak - below * cost.activation_bytes;
+    RecomputeChoice at_peak, plateau;
+    const int picked_at_peak = internal::RecomputeAtPeaks(*planned, cost, budget, Recompute::kFull,
+                                                          internal::MixCover::kPeak, &at_peak);
+    const int picked_plateau = internal::RecomputeAtPeaks(
+        *planned, cost, budget, Recompute::kFull, internal::MixCover::kPlateau, &plateau);
+    CHECK(picked_at_peak == static_cast<int>(at_peak.size()));
+    CHECK(picked_plateau == static_cast<int>(plateau.size()));
+    CHECK(picked_at_peak > 0);
+    for (const auto& [entry, mode] : at_peak) CHECK(plateau.count(entry) == 1);
+    plateau_larger = plateau_larger || plateau.size() > at_peak.size();
+    const std::int64_t retained = cost.RetainedBytes(0, 0, spec.stage_map(), Recompute::kFull);
+    for (const StageProgram& program : planned->stages) {
+      std::int64_t running = 0, highest = 0;
+      for (const Op& op : program.ops) {
+        if (op.mb < 0) continue;
+        const bool chosen = plateau.count({program.stage, op.mb, op.chunk}) == 1;
+        const auto add = [&](std::int64_t bytes) {
+          running += bytes;
+          highest = std::max(highest, running);
+        };
+        if (op.kind == OpKind::kForward) add(chosen ? retained : cost.activation_bytes);
+        if (chosen && op.kind == OpKind::kBackward) {
+          add(cost.activation_bytes);
+          add(-retained);
+        }
+        if (!chosen && op.kind == OpKind::kRelease) add(-cost.activation_bytes);
+        if (!chosen && op.kind == OpKind::kReload) add(cost.activation_bytes);
+        if (op.kind == frees) add(-cost.activation_bytes);
+      }
+      CAPTURE(program.stage);
+      CHECK(highest <= budget);
+    }
+  }
+  CHECK(plateau_larger);
 }
 
 }  // namespace
