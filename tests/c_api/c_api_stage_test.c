@@ -323,13 +323,14 @@ static void TestRecomputeRefused(void) {
   spec.reserved = 1;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_spec.reserved must be 0 (got 1)");
-  /* One stage: the table's stride does not matter, so it can claim the first release's size. */
+  /* One stage: the table's stride does not matter, so it can claim the first release's size.
+   * A group of one has no other rank to tell apart, so the error says "setup (...) failed:". */
   one.recompute = "lean";
   options.spec = &one;
   InitRig(&rig, 1, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[0].struct_size = 56;
   EXPECT_OPEN_ERROR(&rig, 1, &options, PO_ERROR_INVALID_ARGUMENT,
-                    "po_pipeline_open: stage 0: setup (schedule) failed on every rank: "
+                    "po_pipeline_open: stage 0: setup (schedule) failed: "
                     "recompute lean: the cost model offers it for no entry of chunk 0 on stage "
                     "0 (retained_lean_bytes is 0 there); give the retained bytes or choose "
                     "another mode");
@@ -346,7 +347,7 @@ static void TestRecomputeRefused(void) {
     options.schedule = schedule;
     EXPECT_ERROR_PREFIX(po_pipeline_open(rig.callbacks, 1, &options, &pipeline),
                         PO_ERROR_FAILED_PRECONDITION,
-                        "po_pipeline_open: stage 0: setup (schedule) failed on every rank: "
+                        "po_pipeline_open: stage 0: setup (schedule) failed: "
                         "executor: stage 0, op 1 (RECOMPUTE_LEAN0.0): the program recomputes "
                         "chunk 0 with mode lean, but the model's RetainedBytes(chunk 0, lean) "
                         "is -1 (the model does not offer it)");
