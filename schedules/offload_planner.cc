@@ -52,6 +52,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/checked_math.h"
+#include "lib/base/parallel_for.h"
 #include "lib/base/status_macros.h"
 #include "lib/sim/simulate_parts.h"
 #include "pipeoffload/compiler.h"
@@ -193,24 +194,32 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
   params.d2h_bandwidth = std::min(cost.d2h_bandwidth, cost.duplex_bandwidth);
   params.h2d_bandwidth = std::min(cost.h2d_bandwidth, cost.duplex_bandwidth);
   for (int s = 0; s < p; ++s) {
-    LinkGroupPlan& group = plan.groups[s / group_size];
-    group.shared_engine = cost.shared_copy_engine;
     plan.group_of[s] = s / group_size;
-    plan.member_of[s] = static_cast<int>(group.plans.size());
-    std::vector<internal::TimedBaselineOp> ops;
-    ops.reserve(baseline.stages[s].size());
-    for (const TimedOp& t : baseline.stages[s]) ops.push_back({t.op, t.start, t.end});
-    params.reload_margin =
-        cost.reload_margin_in_backward_times * cost.BackwardTime(s, spec.split_backward);
-    group.plans.emplace_back(s, std::move(ops), spec.split_backward, params,
-                             [&, map = spec.stage_map()](int chunk, Recompute mode) {
-                               return cost.RetainedBytes(s, chunk, map, mode);
-                             });
-    group.engines.emplace_back();
-    group.h2d_ends.emplace_back();
-    group.caches.emplace_back(group.plans.back());
-    group.fixed.emplace_back(group.plans.back().entries().size(), 0);
+    plan.member_of[s] = s % group_size;
   }
+  // Link groups share nothing while they are planned (P2P is booked above; each writes only
+  // its own members' outcomes), so they are built and planned on several threads; the plan
+  // does not depend on how many (fingerprint_test).
+  internal::ParallelFor(num_groups, [&](int g) {
+    LinkGroupPlan& group = plan.groups[g];
+    group.shared_engine = cost.shared_copy_engine;
+    for (int s = g * group_size; s < std::min(p, (g + 1) * group_size); ++s) {
+      std::vector<internal::TimedBaselineOp> ops;
+      ops.reserve(baseline.stages[s].size());
+      for (const TimedOp& t : baseline.stages[s]) ops.push_back({t.op, t.start, t.end});
+      StagePlanParams stage_params = params;
+      stage_params.reload_margin =
+          cost.reload_margin_in_backward_times * cost.BackwardTime(s, spec.split_backward);
+      group.plans.emplace_back(s, std::move(ops), spec.split_backward, stage_params,
+                               [&, s, map = spec.stage_map()](int chunk, Recompute mode) {
+                                 return cost.RetainedBytes(s, chunk, map, mode);
+                               });
+      group.engines.emplace_back();
+      group.h2d_ends.emplace_back();
+      group.caches.emplace_back(group.plans.back());
+      group.fixed.emplace_back(group.plans.back().entries().size(), 0);
+    }
+  });
   plan.fixed_barriers.resize(p);
   if (gated_barriers != nullptr) {
     // Each after the same ops but SEND/RECVs as in the gated program, and after the SEND/RECVs
@@ -234,15 +243,18 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
                      -1});
     }
   }
-  for (LinkGroupPlan& group : plan.groups) {
+  std::vector<char> gated_ok(num_groups, 1);
+  internal::ParallelFor(num_groups, [&](int g) {
+    LinkGroupPlan& group = plan.groups[g];
     internal::PrepareChoices(spec, share, group, plan.outcomes);
     if (gated != nullptr && !CommitGated(*gated, spec.num_microbatches, group)) {
-      plan.ok = false;
-      return plan;
+      gated_ok[g] = 0;
+      return;
     }
     internal::ChooseEntries(group);
     internal::Summarize(group, params, plan.outcomes);
-  }
+  });
+  plan.ok = std::find(gated_ok.begin(), gated_ok.end(), 0) == gated_ok.end();
   return plan;
 }
 
@@ -251,7 +263,9 @@ Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
   Schedule out;  // every stage is some group's member: each program is written below
   out.spec = lowered.spec;
   out.stages.resize(lowered.stages.size());
-  for (const LinkGroupPlan& group : plan.groups) {
+  // Each group writes only its own members' programs.
+  internal::ParallelFor(static_cast<int>(plan.groups.size()), [&](int g) {
+    const LinkGroupPlan& group = plan.groups[g];
     std::vector<PlannedTransfer> transfers;
     std::vector<const StagePlan*> members;
     for (int m = 0; m < static_cast<int>(group.plans.size()); ++m) {
@@ -272,7 +286,7 @@ Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
       barriers[m].insert(barriers[m].end(), fixed.begin(), fixed.end());
       out.stages[members[m]->stage()] = members[m]->Emit(barriers[m]);
     }
-  }
+  });
   return out;
 }
 
@@ -344,6 +358,24 @@ bool AtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
   return true;
 }
 
+// True when `planned` without its offload ops and BARRIERs is `plain`, op for op: then it
+// runs as `plain` does without them (what StepTimeWithoutTransfers would simulate).
+bool SameWithoutTransfers(const Schedule& planned, const Schedule& plain) {
+  if (planned.stages.size() != plain.stages.size()) return false;
+  for (std::size_t s = 0; s < planned.stages.size(); ++s) {
+    const std::vector<Op>& ops = planned.stages[s].ops;
+    const std::vector<Op>& want = plain.stages[s].ops;
+    std::size_t j = 0;
+    for (const Op& op : ops) {
+      if (IsOffload(op.kind) || op.kind == OpKind::kBarrier) continue;
+      if (j == want.size() || !(op == want[j])) return false;
+      ++j;
+    }
+    if (j != want.size()) return false;
+  }
+  return true;
+}
+
 // True when a plan with predictions `a` beats one with `b`: a lower peak on its worst stage,
 // then in total over the stages, then a shorter step.
 bool Better(const Predictions& a, const Predictions& b) {
@@ -378,7 +410,11 @@ std::string PlanAndCheck(const Schedule& lowered, const CostModel& cost, const T
   PipelinePlan plan = MakePlan(lowered, cost, times, share, copies, gated_barriers);
   if (!plan.ok) return "it finds no RELOAD for a gated entry";
   Schedule planned = Emit(lowered, plan);
-  plan.groups = {};  // the working state; ShortfallWarning needs only what is left
+  // The working state goes, freed on several threads (its many small blocks take a twentieth
+  // of the compile to free on one); ShortfallWarning needs only what is left.
+  internal::ParallelFor(static_cast<int>(plan.groups.size()),
+                        [&](int g) { plan.groups[g] = LinkGroupPlan(); });
+  plan.groups = {};
   Predictions predictions;
   std::string problem = Check(planned, cost, base, &predictions);
   if (!problem.empty()) return problem;
@@ -505,8 +541,15 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
   Schedule planned = std::move(kept->planned);
   planned.predictions = std::move(kept->predictions);
   if (internal::HasTransfers(planned)) {
-    PO_ASSIGN_OR_RETURN(planned.predictions->step_time_without_offload,
-                        internal::StepTimeWithoutTransfers(planned, cost));
+    // Most plans only add ops to the program they were planned on, whose timeline is the
+    // baseline's (PostAtTransfers permutes it, nothing more): its step time is known without a
+    // sixth simulation of a million ops. A plan whose other ops moved is simulated without them.
+    if (SameWithoutTransfers(planned, lowered)) {
+      planned.predictions->step_time_without_offload = base.step_time;
+    } else {
+      PO_ASSIGN_OR_RETURN(planned.predictions->step_time_without_offload,
+                          internal::StepTimeWithoutTransfers(planned, cost));
+    }
   }
   for (std::string& warning : warnings) planned.predictions->warnings.push_back(std::move(warning));
   return planned;

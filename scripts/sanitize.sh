@@ -30,8 +30,9 @@ asan_suites="base_tests schedule_tests backend_tests memory_tests runtime_tests 
   optim_tests optim_offload_tests slide_nvme_tests slide_tests c_api c_api_stage"
 # What runs threads: the CPU backend's copy engines, the local transport and rank groups, the
 # executor and the way in (stages as threads), the optimizer's worker pool and offload engine,
-# the sliding engine's update worker and NVMe threads.
-tsan_suites="backend_tests memory_tests runtime_tests transport_tests optim_tests
+# the sliding engine's update worker and NVMe threads, the compiler's ParallelFor (base_tests;
+# runtime_tests compiles offload plans, so the planner's threads run there too).
+tsan_suites="base_tests backend_tests memory_tests runtime_tests transport_tests optim_tests
   optim_offload_tests slide_nvme_tests slide_tests"
 
 case "$kind" in

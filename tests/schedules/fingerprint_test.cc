@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -260,6 +261,44 @@ TEST_CASE("compiled schedules keep their fingerprints over a grid of specs",
 TEST_CASE("the schedule_bench cases at p=64 m=512 keep their fingerprints",
           "[golden][fingerprint]") {
   testing::MatchGolden("schedule_bench_fingerprints.txt", RenderBench());
+}
+
+// The planner plans link groups on several threads (lib/base/parallel_for.h): the schedule and
+// its predictions must not depend on how many. Plans with 4 and 2 link groups (pairs, and the
+// shared-engine model's groups of four), on one thread, on three, and on more than groups.
+TEST_CASE("compiled schedules do not depend on the compiler's threads", "[fingerprint]") {
+  const char* const before = std::getenv("PO_COMPILE_THREADS");
+  const std::string saved = before == nullptr ? "" : before;
+  const std::vector<Cost> costs = Costs();
+  for (const Cost& cost : {costs[0], costs[2]}) {
+    for (const Policy& policy : kPolicies) {
+      if (policy.offload == OffloadPolicy::kNone) continue;
+      PipelineSpec spec;
+      spec.family = Family::kGroupInterleaved;
+      spec.num_stages = 8;
+      spec.num_microbatches = 32;
+      spec.chunks_per_stage = 2;
+      spec.group_size = 4;
+      spec.split_backward = true;
+      spec.offload = policy.offload;
+      spec.offload_fraction = policy.fraction;
+      spec.offload_chunks = policy.chunks;
+      spec.memory_budget_bytes = 3 * cost.model.ActivationBytes(0, 0, 8);
+      std::vector<std::string> prints;
+      for (const char* threads : {"1", "3", "16"}) {
+        ::setenv("PO_COMPILE_THREADS", threads, 1);
+        prints.push_back(Fingerprint(policy.name, spec, cost.model));
+      }
+      INFO(cost.name << " / " << policy.name);
+      CHECK(prints[1] == prints[0]);
+      CHECK(prints[2] == prints[0]);
+    }
+  }
+  if (before == nullptr) {
+    ::unsetenv("PO_COMPILE_THREADS");
+  } else {
+    ::setenv("PO_COMPILE_THREADS", saved.c_str(), 1);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+#include "lib/base/parallel_for.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace pipeoffload::internal {
+
+int CompileThreads() {
+  if (const char* value = std::getenv("PO_COMPILE_THREADS"); value != nullptr) {
+    char* end = nullptr;
+    const long threads = std::strtol(value, &end, 10);
+    // Anything but a positive integer is ignored (the default applies): a knob for
+    // measurements, not an input whose mistakes should stop a compile.
+    if (end != value && *end == '\0' && threads >= 1) {
+      return static_cast<int>(std::min<long>(threads, 1024));
+    }
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void ParallelFor(int count, const std::function<void(int)>& body) {
+  if (count <= 0) return;
+  const int threads = std::min(count, CompileThreads());
+  std::atomic<int> next{0};
+  const auto work = [&] {
+    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < count;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      body(i);
+    }
+  };
+  std::vector<std::thread> helpers;
+  helpers.reserve(static_cast<std::size_t>(threads - 1));
+  for (int t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // the threads already started, and this one, take the rest
+    }
+  }
+  work();
+  for (std::thread& helper : helpers) helper.join();
+}
+
+}  // namespace pipeoffload::internal

@@ -1,0 +1,29 @@
+// ParallelFor: runs the iterations of a loop whose iterations share nothing on several threads,
+// for the schedule compiler's independent pieces of work (one link group's offload plan, one
+// group's emitted programs). No pool: threads are started per call, which costs tens of
+// microseconds against the tens of milliseconds of work each call splits, and leaves no thread
+// behind in a library that a trainer links.
+//
+// Results never depend on the number of threads: every iteration runs exactly once, on one
+// thread, and writes only what it owns. PO_COMPILE_THREADS (a positive integer) caps the number
+// of threads; by default it is the machine's hardware concurrency.
+#ifndef PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_
+#define PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_
+
+#include <functional>
+
+namespace pipeoffload::internal {
+
+// The threads ParallelFor uses at most: PO_COMPILE_THREADS when it is a positive integer, else
+// std::thread::hardware_concurrency() (1 when that is unknown).
+int CompileThreads();
+
+// Calls body(i) once for every i in [0, count), on up to CompileThreads() threads (the calling
+// thread is one of them), and returns when every call has returned. Iterations are handed out
+// one at a time, so uneven ones balance. When a thread cannot be started, the threads that did
+// start (or the caller alone) do all the work. REQUIRES: body does not throw.
+void ParallelFor(int count, const std::function<void(int)>& body);
+
+}  // namespace pipeoffload::internal
+
+#endif  // PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_

@@ -1,0 +1,96 @@
+// ParallelFor: every iteration exactly once whatever the thread cap, nothing for an empty loop,
+// and PO_COMPILE_THREADS read as a cap only when it is a positive integer.
+#include "lib/base/parallel_for.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/testing/catch.h"
+
+namespace pipeoffload {
+namespace {
+
+// Sets PO_COMPILE_THREADS (or unsets it) for one scope, restoring what was there.
+class ThreadsVariable {
+ public:
+  explicit ThreadsVariable(const char* value) {
+    if (const char* old = ::getenv("PO_COMPILE_THREADS")) saved_ = old;
+    if (value == nullptr) {
+      ::unsetenv("PO_COMPILE_THREADS");
+    } else {
+      ::setenv("PO_COMPILE_THREADS", value, 1);
+    }
+  }
+  ~ThreadsVariable() {
+    if (saved_) {
+      ::setenv("PO_COMPILE_THREADS", saved_->c_str(), 1);
+    } else {
+      ::unsetenv("PO_COMPILE_THREADS");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+TEST_CASE("ParallelFor runs every iteration exactly once under any thread cap", "[base]") {
+  for (const char* cap : {"1", "2", "3", "8", "64"}) {
+    ThreadsVariable threads(cap);
+    for (const int count : {1, 2, 7, 100}) {
+      std::vector<std::atomic<int>> runs(count);
+      std::mutex mu;
+      std::set<std::thread::id> ids;
+      internal::ParallelFor(count, [&](int i) {
+        runs[i].fetch_add(1);
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      });
+      for (int i = 0; i < count; ++i) {
+        INFO("cap " << cap << ", count " << count << ", iteration " << i);
+        CHECK(runs[i].load() == 1);
+      }
+      // Never more threads than the cap or the iterations.
+      CHECK(static_cast<int>(ids.size()) <= std::min(count, std::stoi(cap)));
+      if (std::string(cap) == "1") CHECK(ids == std::set{std::this_thread::get_id()});
+    }
+  }
+}
+
+TEST_CASE("ParallelFor with no iterations calls nothing", "[base]") {
+  int calls = 0;
+  internal::ParallelFor(0, [&](int) { ++calls; });
+  internal::ParallelFor(-3, [&](int) { ++calls; });
+  CHECK(calls == 0);
+}
+
+TEST_CASE("PO_COMPILE_THREADS caps the threads only as a positive integer", "[base]") {
+  const int hardware = std::max(1u, std::thread::hardware_concurrency());
+  {
+    ThreadsVariable threads(nullptr);
+    CHECK(internal::CompileThreads() == hardware);
+  }
+  {
+    ThreadsVariable threads("5");
+    CHECK(internal::CompileThreads() == 5);
+  }
+  {
+    ThreadsVariable threads("100000");
+    CHECK(internal::CompileThreads() == 1024);
+  }
+  for (const char* ignored : {"0", "-2", "two", "3x", ""}) {
+    ThreadsVariable threads(ignored);
+    INFO("PO_COMPILE_THREADS=\"" << ignored << "\"");
+    CHECK(internal::CompileThreads() == hardware);
+  }
+}
+
+}  // namespace
+}  // namespace pipeoffload
