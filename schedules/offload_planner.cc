@@ -53,6 +53,7 @@
 #include "absl/strings/str_format.h"
 #include "lib/base/checked_math.h"
 #include "lib/base/parallel_for.h"
+#include "lib/ir/grid_index.h"
 #include "lib/base/status_macros.h"
 #include "lib/sim/simulate_parts.h"
 #include "pipeoffload/compiler.h"
@@ -290,31 +291,85 @@ Schedule Emit(const Schedule& lowered, const PipelinePlan& plan) {
   return out;
 }
 
-// Re-simulates `planned`: "" when it is valid, within kOverheadBudget of the lowered
-// schedule's step time and adds no collision; else what is wrong. Only the predictions come
-// back (*predictions): the kept plan's report needs no more, and a timeline of every op is
-// the largest object planning makes. Their step_time_without_offload is left for the plan that
-// is kept (PlanOffloadImpl, at its end): each candidate would cost a second simulation for a
-// number only the kept one reports.
-std::string Check(const Schedule& planned, const CostModel& cost, const Predictions& baseline,
-                  Predictions* predictions) {
-  if (absl::Status valid = Validate(planned); !valid.ok()) {
-    return absl::StrCat("it fails validation: ", std::string(valid.message()));
+// True when `planned` without its offload ops and BARRIERs is `plain`, op for op: then it
+// runs as `plain` does without them (what StepTimeWithoutTransfers would simulate).
+bool SameWithoutTransfers(const Schedule& planned, const Schedule& plain) {
+  if (planned.stages.size() != plain.stages.size()) return false;
+  for (std::size_t s = 0; s < planned.stages.size(); ++s) {
+    const std::vector<Op>& ops = planned.stages[s].ops;
+    const std::vector<Op>& want = plain.stages[s].ops;
+    std::size_t j = 0;
+    for (const Op& op : ops) {
+      if (IsOffload(op.kind) || op.kind == OpKind::kBarrier) continue;
+      if (j == want.size() || !(op == want[j])) return false;
+      ++j;
+    }
+    if (j != want.size()) return false;
   }
-  absl::StatusOr<Timeline> simulated =
-      internal::SimulateOnce(planned, cost, internal::SimulateDetail::kPredictions);
+  return true;
+}
+
+// The step time of `planned` (which has transfers) without them: step_time_without_offload.
+// Most plans only add ops to the program they were planned on, `plain`, whose timeline is the
+// baseline's (PostAtTransfers permutes it, nothing more): then it is the baseline's step time,
+// known without another simulation of a million ops. A plan whose other ops moved (a gated
+// one) is simulated without them.
+absl::StatusOr<double> StepWithoutTransfers(const Schedule& planned, const Schedule& plain,
+                                            const CostModel& cost, const Predictions& baseline) {
+  if (SameWithoutTransfers(planned, plain)) return baseline.step_time;
+  return internal::StepTimeWithoutTransfers(planned, cost);
+}
+
+// What Check finds out about a plan.
+struct Checked {
+  std::string problem;  // "" when the plan passes
+  Predictions predictions;
+  // StepWithoutTransfers, when Check had the threads to find it alongside.
+  std::optional<absl::StatusOr<double>> without_transfers;
+};
+
+// Re-simulates `planned`: no problem when it is valid, within kOverheadBudget of the lowered
+// schedule's step time and adds no collision; else what is wrong. Only the predictions come
+// back: the kept plan's report needs no more, and a timeline of every op is the largest object
+// planning makes. Validation and the simulation share nothing, so they run side by side where
+// the compiler has threads, and so does the plan's StepWithoutTransfers on `plain` (a number
+// only the kept plan reports: on one thread it is left for that one, PlanOffloadImpl's end).
+Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& cost,
+              const Predictions& baseline) {
+  Checked checked;
+  absl::Status valid;
+  absl::StatusOr<Timeline> simulated;
+  const bool alongside = internal::CompileThreads() > 1 && internal::HasTransfers(planned);
+  internal::ParallelForSized(alongside ? 3 : 2, internal::TotalOps(planned.stages), [&](int task) {
+    if (task == 0) {
+      valid = Validate(planned);
+    } else if (task == 1) {
+      simulated = internal::SimulateOnce(planned, cost, internal::SimulateDetail::kPredictions);
+    } else {
+      checked.without_transfers = StepWithoutTransfers(planned, plain, cost, baseline);
+    }
+  });
+  const auto fail = [&](std::string problem) {
+    checked.problem = std::move(problem);
+    return std::move(checked);
+  };
+  if (!valid.ok()) {
+    return fail(absl::StrCat("it fails validation: ", std::string(valid.message())));
+  }
   if (!simulated.ok()) {
-    return absl::StrCat("it does not simulate: ", std::string(simulated.status().message()));
+    return fail(
+        absl::StrCat("it does not simulate: ", std::string(simulated.status().message())));
   }
   const Timeline* timeline = &*simulated;
   const double base = baseline.step_time;
   const double step = timeline->predictions.step_time;
   if (step > base * (1.0 + kOverheadBudget) + 1e-12) {
-    return absl::StrFormat("it is too slow (step time %.6g vs %.6g without offload)", step, base);
+    return fail(
+        absl::StrFormat("it is too slow (step time %.6g vs %.6g without offload)", step, base));
   }
   if (timeline->predictions.collisions > baseline.collisions) {
-    return absl::StrCat("it has ", timeline->predictions.collisions,
-                        " colliding transfers (", baseline.collisions, " without offload)");
+    return fail(absl::StrCat("it has ", timeline->predictions.collisions,
+                             " colliding transfers (", baseline.collisions, " without offload)"));
   }
   // Every RELOAD done reload_margin before its B, as planned (a plan whose ops run other than
   // planned can break that even when it adds no collision).
@@ -335,13 +390,14 @@ std::string Check(const Schedule& planned, const CostModel& cost, const Predicti
       const double margin =
           cost.reload_margin_in_backward_times * cost.BackwardTime(t.stage, split);
       if (!std::isnan(end) && end > t.start - margin + 1e-9 * std::max(1.0, t.start)) {
-        return absl::StrFormat("its RELOAD of %s on stage %d ends at %.6g, within the margin "
-                               "before its B at %.6g", OpToString(t.op), t.stage, end, t.start);
+        return fail(absl::StrFormat("its RELOAD of %s on stage %d ends at %.6g, within the "
+                                    "margin before its B at %.6g",
+                                    OpToString(t.op), t.stage, end, t.start));
       }
     }
   }
-  *predictions = std::move(simulated->predictions);
-  return "";
+  checked.predictions = std::move(simulated->predictions);
+  return checked;
 }
 
 // True when `predictions` keep every stage at no more than two of its largest entries.
@@ -354,24 +410,6 @@ bool AtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
       largest = std::max(largest, cost.ActivationBytes(s, c, lowered.spec.stage_map()));
     }
     if (predictions.stages[s].peak_bytes > 2 * largest) return false;
-  }
-  return true;
-}
-
-// True when `planned` without its offload ops and BARRIERs is `plain`, op for op: then it
-// runs as `plain` does without them (what StepTimeWithoutTransfers would simulate).
-bool SameWithoutTransfers(const Schedule& planned, const Schedule& plain) {
-  if (planned.stages.size() != plain.stages.size()) return false;
-  for (std::size_t s = 0; s < planned.stages.size(); ++s) {
-    const std::vector<Op>& ops = planned.stages[s].ops;
-    const std::vector<Op>& want = plain.stages[s].ops;
-    std::size_t j = 0;
-    for (const Op& op : ops) {
-      if (IsOffload(op.kind) || op.kind == OpKind::kBarrier) continue;
-      if (j == want.size() || !(op == want[j])) return false;
-      ++j;
-    }
-    if (j != want.size()) return false;
   }
   return true;
 }
@@ -397,12 +435,15 @@ struct Candidate {
   Schedule planned;
   Predictions predictions;
   std::string shortfall;
+  std::optional<absl::StatusOr<double>> without_transfers;  // Checked's
 };
 
 // Plans `share` on `lowered` (timeline `times`; gated when `copies` is not null), emits and
-// checks the plan: "" with *out set when it passes, else what is wrong. The plan itself is
-// freed before the check's simulation.
-std::string PlanAndCheck(const Schedule& lowered, const CostModel& cost, const Timeline& times,
+// checks the plan: "" with *out set when it passes, else what is wrong. `plain` is the program
+// the plan's step without transfers is measured against (Check). The plan itself is freed
+// before the check's simulation.
+std::string PlanAndCheck(const Schedule& lowered, const Schedule& plain, const CostModel& cost,
+                         const Timeline& times,
                          const Predictions& base, double share,
                          const std::vector<std::vector<GatedCopy>>* copies,
                          const std::vector<GatedBarrier>* gated_barriers,
@@ -415,12 +456,12 @@ std::string PlanAndCheck(const Schedule& lowered, const CostModel& cost, const T
   internal::ParallelFor(static_cast<int>(plan.groups.size()),
                         [&](int g) { plan.groups[g] = LinkGroupPlan(); });
   plan.groups = {};
-  Predictions predictions;
-  std::string problem = Check(planned, cost, base, &predictions);
-  if (!problem.empty()) return problem;
-  std::string shortfall = internal::ShortfallWarning(lowered.spec, cost, plan,
-                                                     predictions.step_time, base.step_time);
-  *out = Candidate{std::move(planned), std::move(predictions), std::move(shortfall)};
+  Checked checked = Check(planned, plain, cost, base);
+  if (!checked.problem.empty()) return checked.problem;
+  std::string shortfall = internal::ShortfallWarning(
+      lowered.spec, cost, plan, checked.predictions.step_time, base.step_time);
+  *out = Candidate{std::move(planned), std::move(checked.predictions), std::move(shortfall),
+                   std::move(checked.without_transfers)};
   return "";
 }
 
@@ -438,7 +479,8 @@ std::optional<Candidate> GatedCandidate(const Schedule& lowered, const CostModel
     return std::nullopt;
   }
   std::optional<Candidate> gated;
-  PlanAndCheck(gated_lowered, cost, gated_times, base, share, &copies, &gated_barriers, &gated);
+  PlanAndCheck(gated_lowered, lowered, cost, gated_times, base, share, &copies, &gated_barriers,
+               &gated);
   return gated;
 }
 
@@ -520,8 +562,8 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
       break;
     }
     std::optional<Candidate> plain;
-    const std::string problem = PlanAndCheck(lowered, cost, posted_times, base, share, nullptr,
-                                             nullptr, &plain);
+    const std::string problem = PlanAndCheck(lowered, lowered, cost, posted_times, base, share,
+                                             nullptr, nullptr, &plain);
     if (plain && (!gated || Better(plain->predictions, gated->predictions))) {
       kept = std::move(plain);
     } else if (gated) {
@@ -541,15 +583,11 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
   Schedule planned = std::move(kept->planned);
   planned.predictions = std::move(kept->predictions);
   if (internal::HasTransfers(planned)) {
-    // Most plans only add ops to the program they were planned on, whose timeline is the
-    // baseline's (PostAtTransfers permutes it, nothing more): its step time is known without a
-    // sixth simulation of a million ops. A plan whose other ops moved is simulated without them.
-    if (SameWithoutTransfers(planned, lowered)) {
-      planned.predictions->step_time_without_offload = base.step_time;
-    } else {
-      PO_ASSIGN_OR_RETURN(planned.predictions->step_time_without_offload,
-                          internal::StepTimeWithoutTransfers(planned, cost));
+    if (!kept->without_transfers) {
+      kept->without_transfers = StepWithoutTransfers(planned, lowered, cost, base);
     }
+    PO_ASSIGN_OR_RETURN(planned.predictions->step_time_without_offload,
+                        std::move(*kept->without_transfers));
   }
   for (std::string& warning : warnings) planned.predictions->warnings.push_back(std::move(warning));
   return planned;

@@ -10,16 +10,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/base/parallel_for.h"
+#include "lib/ir/grid_index.h"
 #include "lib/sim/simulate_parts.h"
 #include "schedules/offload_policy.h"
 
 namespace pipeoffload::internal {
 
 Schedule PostAtTransfers(const Schedule& lowered, const Timeline& timeline, Timeline* moved) {
-  Schedule out = lowered;
-  out.predictions.reset();
+  Schedule out;  // every program is written below, from the timeline's ops
+  out.spec = lowered.spec;
+  out.stages.resize(lowered.stages.size());
   moved->stages.assign(lowered.stages.size(), {});
-  for (std::size_t s = 0; s < lowered.stages.size(); ++s) {
+  // Each stage is permuted on its own: on several threads for large schedules.
+  ParallelForSized(static_cast<int>(lowered.stages.size()), TotalOps(lowered.stages), [&](int s) {
+    out.stages[s].stage = lowered.stages[s].stage;
     const std::vector<TimedOp>& timed = timeline.stages[s];
     std::vector<int> compute, p2p;  // program indices; "compute": every op but SEND/RECV
     std::vector<int> rank_before(timed.size(), 0);  // a P2P op's: compute ops before it
@@ -75,7 +80,7 @@ Schedule PostAtTransfers(const Schedule& lowered, const Timeline& timeline, Time
       for (; r < p2p.size() && before[r] == static_cast<int>(k); ++r) put(p2p[r]);
       if (k < compute.size()) put(compute[k]);
     }
-  }
+  });
   return out;
 }
 
@@ -224,8 +229,11 @@ bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predicti
           {offload_pos[y][ry], seq[y][ry], 0, Op{OpKind::kBarrier, guarded.mb, guarded.chunk, x}});
     }
   }
-  Schedule program = lowered;
-  for (int s = 0; s < p; ++s) {
+  Schedule program;  // every program is written below
+  program.spec = spec;
+  program.stages.resize(lowered.stages.size());
+  ParallelForSized(p, TotalOps(lowered.stages), [&](int s) {
+    program.stages[s].stage = lowered.stages[s].stage;
     const std::vector<Op>& ops = lowered.stages[s].ops;
     std::vector<int> backward(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0);
     for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
@@ -243,13 +251,13 @@ bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predicti
       return std::tie(a.pos, a.seq, a.sub) < std::tie(b.pos, b.seq, b.sub);
     });
     std::vector<Op>& out = program.stages[s].ops;
-    out.clear();
+    out.reserve(ops.size() + list.size());
     std::size_t next = 0;
     for (int i = 0; i <= static_cast<int>(ops.size()); ++i) {
       for (; next < list.size() && list[next].pos == i; ++next) out.push_back(list[next].op);
       if (i < static_cast<int>(ops.size())) out.push_back(ops[i]);
     }
-  }
+  });
   // Reloads free of charge: where they go is planned later, on this timeline.
   CostModel free_reloads = cost;
   free_reloads.h2d_bandwidth = 1e300;

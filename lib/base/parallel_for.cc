@@ -46,4 +46,12 @@ void ParallelFor(int count, const std::function<void(int)>& body) {
   for (std::thread& helper : helpers) helper.join();
 }
 
+void ParallelForSized(int count, std::int64_t items, const std::function<void(int)>& body) {
+  if (items >= kItemsWorthThreads) {
+    ParallelFor(count, body);
+    return;
+  }
+  for (int i = 0; i < count; ++i) body(i);
+}
+
 }  // namespace pipeoffload::internal

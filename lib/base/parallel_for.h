@@ -10,6 +10,7 @@
 #ifndef PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_
 #define PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_
 
+#include <cstdint>
 #include <functional>
 
 namespace pipeoffload::internal {
@@ -23,6 +24,15 @@ int CompileThreads();
 // one at a time, so uneven ones balance. When a thread cannot be started, the threads that did
 // start (or the caller alone) do all the work. REQUIRES: body does not throw.
 void ParallelFor(int count, const std::function<void(int)>& body);
+
+// Loops that touch fewer items than this (ops, say) run on the calling thread: a thread costs
+// tens of microseconds to start, about what such a loop takes in all.
+inline constexpr std::int64_t kItemsWorthThreads = std::int64_t{1} << 17;
+
+// ParallelFor when the loop touches at least kItemsWorthThreads items in all (`items`, in the
+// loop's own measure), else body(0), ..., body(count - 1) on the calling thread. For loops
+// that run on schedules of every size, most of them small (the simulator, for one).
+void ParallelForSized(int count, std::int64_t items, const std::function<void(int)>& body);
 
 }  // namespace pipeoffload::internal
 

@@ -34,6 +34,16 @@ enum Invariant : int {
   kRecomputeLifeCycle = 8,
 };
 
+// Ops over every stage's program: how large a schedule is, for the loops that split their
+// work across threads only for large ones (ParallelForSized).
+inline std::int64_t TotalOps(const std::vector<StageProgram>& programs) {
+  std::int64_t total = 0;
+  for (const StageProgram& program : programs) {
+    total += static_cast<std::int64_t>(program.ops.size());
+  }
+  return total;
+}
+
 inline std::string_view InvariantName(int invariant) {
   switch (invariant) {
     case kShape:

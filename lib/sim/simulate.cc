@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "lib/base/checked_math.h"
+#include "lib/base/parallel_for.h"
 #include "lib/base/status_macros.h"
 #include "lib/ir/grid_format.h"
 #include "lib/ir/grid_index.h"
@@ -90,7 +91,8 @@ class EventLoop {
         timed_(static_cast<std::size_t>(p_)) {
     const auto groups = CeilDiv(p_, cost.host_link_group_size);
     link_end_.assign(static_cast<std::size_t>(groups), {0.0, 0.0});
-    for (int s = 0; s < p_; ++s) {
+    // Each stage's arrays are its own: filled on several threads for large schedules.
+    internal::ParallelForSized(p_, internal::TotalOps(schedule.stages), [&](int s) {
       const std::vector<Op>& ops = Ops(s);
       timed_[static_cast<std::size_t>(s)].resize(ops.size());
       StageState& state = State(s);
@@ -103,7 +105,7 @@ class EventLoop {
         if (IsP2P(kind)) (IsSend(kind) ? state.sends : state.recvs).push_back(i);
         state.deps[static_cast<std::size_t>(i)] = Resolve(s, i);
       }
-    }
+    });
   }
 
   // Runs to completion; the timed ops land in *timed. FailedPrecondition on a hang.
@@ -783,12 +785,14 @@ absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel&
   }
   predictions.stages.resize(static_cast<std::size_t>(p));
   if (detail == SimulateDetail::kFull) timeline.memory.resize(static_cast<std::size_t>(p));
-  double busy = 0.0;
-  for (int s = 0; s < p; ++s) {
-    StagePrediction& stage = predictions.stages[static_cast<std::size_t>(s)];
-    StageMemory(schedule, cost, s, timeline.stages[static_cast<std::size_t>(s)], &stage,
+  internal::ParallelForSized(p, internal::TotalOps(schedule.stages), [&](int s) {
+    StageMemory(schedule, cost, s, timeline.stages[static_cast<std::size_t>(s)],
+                &predictions.stages[static_cast<std::size_t>(s)],
                 detail == SimulateDetail::kFull ? &timeline.memory[static_cast<std::size_t>(s)]
                                                 : nullptr);
+  });
+  double busy = 0.0;  // summed in stage order, whatever the threads did
+  for (const StagePrediction& stage : predictions.stages) {
     predictions.step_time = std::max(predictions.step_time, stage.end_time);
     busy += stage.busy_time;
   }

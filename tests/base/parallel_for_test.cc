@@ -71,6 +71,32 @@ TEST_CASE("ParallelFor with no iterations calls nothing", "[base]") {
   CHECK(calls == 0);
 }
 
+TEST_CASE("ParallelForSized runs small loops in order on the calling thread", "[base]") {
+  ThreadsVariable threads("8");
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<int> order;
+  std::set<std::thread::id> small_ids;
+  internal::ParallelForSized(50, internal::kItemsWorthThreads - 1, [&](int i) {
+    small_ids.insert(std::this_thread::get_id());
+    order.push_back(i);  // unsynchronised: a second thread here would be a data race (TSan)
+  });
+  std::vector<int> expected(50);
+  for (int i = 0; i < 50; ++i) expected[i] = i;
+  CHECK(order == expected);
+  CHECK(small_ids == std::set{caller});
+  // At the threshold it is ParallelFor: every iteration once, on up to the cap's threads.
+  std::vector<std::atomic<int>> runs(64);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  internal::ParallelForSized(64, internal::kItemsWorthThreads, [&](int i) {
+    runs[i].fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  for (int i = 0; i < 64; ++i) CHECK(runs[i].load() == 1);
+  CHECK(static_cast<int>(ids.size()) <= 8);
+}
+
 TEST_CASE("PO_COMPILE_THREADS caps the threads only as a positive integer", "[base]") {
   const int hardware = std::max(1u, std::thread::hardware_concurrency());
   {
