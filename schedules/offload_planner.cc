@@ -53,8 +53,8 @@
 #include "absl/strings/str_format.h"
 #include "lib/base/checked_math.h"
 #include "lib/base/parallel_for.h"
-#include "lib/ir/grid_index.h"
 #include "lib/base/status_macros.h"
+#include "lib/ir/grid_index.h"
 #include "lib/sim/simulate_parts.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/simulate.h"
@@ -331,24 +331,34 @@ struct Checked {
 // Re-simulates `planned`: no problem when it is valid, within kOverheadBudget of the lowered
 // schedule's step time and adds no collision; else what is wrong. Only the predictions come
 // back: the kept plan's report needs no more, and a timeline of every op is the largest object
-// planning makes. Validation and the simulation share nothing, so they run side by side where
-// the compiler has threads, and so does the plan's StepWithoutTransfers on `plain` (a number
-// only the kept plan reports: on one thread it is left for that one, PlanOffloadImpl's end).
+// planning makes. Validation and the simulation share nothing, so for a large schedule, where
+// the compiler has threads, they run side by side, and so does the plan's StepWithoutTransfers
+// on `plain`: a number only the kept plan reports, found here while a thread is free (else at
+// PlanOffloadImpl's end, for that plan alone). A small schedule is checked one part at a time,
+// simulated only once it validates.
 Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& cost,
               const Predictions& baseline) {
   Checked checked;
   absl::Status valid;
   absl::StatusOr<Timeline> simulated;
-  const bool alongside = internal::CompileThreads() > 1 && internal::HasTransfers(planned);
-  internal::ParallelForSized(alongside ? 3 : 2, internal::TotalOps(planned.stages), [&](int task) {
-    if (task == 0) {
-      valid = Validate(planned);
-    } else if (task == 1) {
+  const bool alongside = internal::CompileThreads() > 1 &&
+                         internal::TotalOps(planned.stages) >= internal::kItemsWorthThreads;
+  if (alongside) {
+    internal::ParallelFor(internal::HasTransfers(planned) ? 3 : 2, [&](int task) {
+      if (task == 0) {
+        valid = Validate(planned);
+      } else if (task == 1) {
+        simulated = internal::SimulateOnce(planned, cost, internal::SimulateDetail::kPredictions);
+      } else {
+        checked.without_transfers = StepWithoutTransfers(planned, plain, cost, baseline);
+      }
+    });
+  } else {
+    valid = Validate(planned);
+    if (valid.ok()) {
       simulated = internal::SimulateOnce(planned, cost, internal::SimulateDetail::kPredictions);
-    } else {
-      checked.without_transfers = StepWithoutTransfers(planned, plain, cost, baseline);
     }
-  });
+  }
   const auto fail = [&](std::string problem) {
     checked.problem = std::move(problem);
     return std::move(checked);
@@ -435,7 +445,8 @@ struct Candidate {
   Schedule planned;
   Predictions predictions;
   std::string shortfall;
-  std::optional<absl::StatusOr<double>> without_transfers;  // Checked's
+  // Checked's, carried so the kept plan is not simulated without transfers a second time.
+  std::optional<absl::StatusOr<double>> without_transfers;
 };
 
 // Plans `share` on `lowered` (timeline `times`; gated when `copies` is not null), emits and
@@ -443,8 +454,7 @@ struct Candidate {
 // the plan's step without transfers is measured against (Check). The plan itself is freed
 // before the check's simulation.
 std::string PlanAndCheck(const Schedule& lowered, const Schedule& plain, const CostModel& cost,
-                         const Timeline& times,
-                         const Predictions& base, double share,
+                         const Timeline& times, const Predictions& base, double share,
                          const std::vector<std::vector<GatedCopy>>* copies,
                          const std::vector<GatedBarrier>* gated_barriers,
                          std::optional<Candidate>* out) {

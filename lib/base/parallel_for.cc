@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -23,15 +25,37 @@ int CompileThreads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+namespace {
+
+// True on a thread while it runs ParallelFor iterations: a nested ParallelFor then stays on it,
+// so one loop's threads never multiply past the cap.
+thread_local bool in_parallel_for = false;
+
+}  // namespace
+
 void ParallelFor(int count, const std::function<void(int)>& body) {
   if (count <= 0) return;
+  if (in_parallel_for) {
+    for (int i = 0; i < count; ++i) body(i);
+    return;
+  }
   const int threads = std::min(count, CompileThreads());
   std::atomic<int> next{0};
+  std::mutex error_mu;
+  std::exception_ptr error;  // the first exception a body threw
   const auto work = [&] {
-    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < count;
-         i = next.fetch_add(1, std::memory_order_relaxed)) {
-      body(i);
+    in_parallel_for = true;
+    try {
+      for (int i = next.fetch_add(1, std::memory_order_relaxed); i < count;
+           i = next.fetch_add(1, std::memory_order_relaxed)) {
+        body(i);
+      }
+    } catch (...) {
+      next.store(count, std::memory_order_relaxed);  // hand out nothing more
+      const std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
     }
+    in_parallel_for = false;
   };
   std::vector<std::thread> helpers;
   helpers.reserve(static_cast<std::size_t>(threads - 1));
@@ -44,6 +68,7 @@ void ParallelFor(int count, const std::function<void(int)>& body) {
   }
   work();
   for (std::thread& helper : helpers) helper.join();
+  if (error) std::rethrow_exception(error);
 }
 
 void ParallelForSized(int count, std::int64_t items, const std::function<void(int)>& body) {

@@ -6,7 +6,8 @@
 //
 // Results never depend on the number of threads: every iteration runs exactly once, on one
 // thread, and writes only what it owns. PO_COMPILE_THREADS (a positive integer) caps the number
-// of threads; by default it is the machine's hardware concurrency.
+// of threads; by default it is the machine's hardware concurrency. The cap holds for nested
+// loops too: a ParallelFor inside another's body runs on the thread that calls it.
 #ifndef PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_
 #define PIPEOFFLOAD_LIB_BASE_PARALLEL_FOR_H_
 
@@ -22,7 +23,11 @@ int CompileThreads();
 // Calls body(i) once for every i in [0, count), on up to CompileThreads() threads (the calling
 // thread is one of them), and returns when every call has returned. Iterations are handed out
 // one at a time, so uneven ones balance. When a thread cannot be started, the threads that did
-// start (or the caller alone) do all the work. REQUIRES: body does not throw.
+// start (or the caller alone) do all the work. Called from inside a ParallelFor body, it runs
+// the loop on the calling thread. When body throws (std::bad_alloc from a large schedule, say:
+// the C ABI turns that into an error), no further iteration starts, and once every thread has
+// joined the first exception is rethrown on the calling thread; iterations that had not
+// started are then not run.
 void ParallelFor(int count, const std::function<void(int)>& body);
 
 // Loops that touch fewer items than this (ops, say) run on the calling thread: a thread costs

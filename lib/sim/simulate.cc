@@ -564,8 +564,16 @@ class EventLoop {
   std::vector<int> to_check_;  // stages whose send chain may resolve at the current time
 };
 
-// Timed ops of `schedule`, or why it cannot be simulated. REQUIRES: CheckStructure(schedule,
-// nullptr) passed.
+// What RunPrograms needs of its input: a structure the event loop can index, and a cost model
+// whose times and bytes add up (FailedPrecondition / InvalidArgument naming the first problem).
+absl::Status CheckSimulable(const Schedule& schedule, const CostModel& cost) {
+  PO_RETURN_IF_ERROR(CheckStructure(schedule, nullptr));
+  PO_RETURN_IF_ERROR(Annotate(internal::CheckCostModel(cost, schedule.spec), "Simulate"));
+  return Annotate(internal::CheckTotalOpTime(schedule, cost), "Simulate");
+}
+
+// Timed ops of `schedule`, or why it cannot be simulated. REQUIRES: CheckSimulable(schedule,
+// cost) passed.
 absl::StatusOr<std::vector<std::vector<TimedOp>>> RunPrograms(const Schedule& schedule,
                                                               const CostModel& cost) {
   const ScheduleIndex index(schedule);
@@ -745,6 +753,10 @@ absl::StatusOr<double> StepTimeWithoutTransfers(const Schedule& schedule, const 
   };
   Schedule plain = schedule;
   for (StageProgram& program : plain.stages) std::erase_if(program.ops, is_transfer);
+  // Checked here, not assumed: the planner runs this beside the simulation of `schedule`.
+  if (absl::Status simulable = CheckSimulable(plain, cost); !simulable.ok()) {
+    return Annotate(simulable, "Simulate: the programs without offload ops");
+  }
   absl::StatusOr<std::vector<std::vector<TimedOp>>> plain_timed = RunPrograms(plain, cost);
   if (!plain_timed.ok()) {
     return Annotate(plain_timed.status(), "Simulate: the programs without offload ops");
@@ -767,9 +779,7 @@ bool HasTransfers(const Schedule& schedule) {
 
 absl::StatusOr<Timeline> SimulateOnce(const Schedule& schedule, const CostModel& cost,
                                       SimulateDetail detail) {
-  PO_RETURN_IF_ERROR(CheckStructure(schedule, nullptr));
-  PO_RETURN_IF_ERROR(Annotate(internal::CheckCostModel(cost, schedule.spec), "Simulate"));
-  PO_RETURN_IF_ERROR(Annotate(internal::CheckTotalOpTime(schedule, cost), "Simulate"));
+  PO_RETURN_IF_ERROR(CheckSimulable(schedule, cost));
   const int p = schedule.spec.num_stages;
   Timeline timeline;
   PO_ASSIGN_OR_RETURN(timeline.stages, RunPrograms(schedule, cost));

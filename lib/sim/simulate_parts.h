@@ -27,8 +27,8 @@ enum class SimulateDetail {
 // True when `schedule` holds an OFFLOAD, RELEASE, RELOAD or BARRIER.
 bool HasTransfers(const Schedule& schedule);
 
-// The step time of `schedule`'s programs with those ops removed. REQUIRES: `schedule` passed
-// SimulateOnce under `cost`. Errors: as Simulate's, annotated "the programs without offload ops".
+// The step time of `schedule`'s programs with those ops removed. Errors: as Simulate's, annotated
+// "the programs without offload ops" (checked as SimulateOnce checks, so any schedule is safe).
 [[nodiscard]] absl::StatusOr<double> StepTimeWithoutTransfers(const Schedule& schedule,
                                                               const CostModel& cost);
 

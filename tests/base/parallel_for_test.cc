@@ -1,11 +1,15 @@
 // ParallelFor: every iteration exactly once whatever the thread cap, nothing for an empty loop,
-// and PO_COMPILE_THREADS read as a cap only when it is a positive integer.
+// nested loops on their caller's thread, a body's exception rethrown, small ParallelForSized
+// loops on the calling thread, and PO_COMPILE_THREADS read as a cap only when it is a positive
+// integer.
 #include "lib/base/parallel_for.h"
 
 #include <stdlib.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <new>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -84,17 +88,75 @@ TEST_CASE("ParallelForSized runs small loops in order on the calling thread", "[
   for (int i = 0; i < 50; ++i) expected[i] = i;
   CHECK(order == expected);
   CHECK(small_ids == std::set{caller});
-  // At the threshold it is ParallelFor: every iteration once, on up to the cap's threads.
-  std::vector<std::atomic<int>> runs(64);
-  std::mutex mu;
-  std::set<std::thread::id> ids;
-  internal::ParallelForSized(64, internal::kItemsWorthThreads, [&](int i) {
-    runs[i].fetch_add(1);
-    std::lock_guard<std::mutex> lock(mu);
-    ids.insert(std::this_thread::get_id());
+  // At the threshold it is ParallelFor: its two iterations wait for each other, which only
+  // two threads can do (on one, the first would give up after its 10 s).
+  std::atomic<int> arrived{0};
+  std::atomic<bool> met{true};
+  internal::ParallelForSized(2, internal::kItemsWorthThreads, [&](int) {
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    if (arrived.load() < 2) met = false;
   });
-  for (int i = 0; i < 64; ++i) CHECK(runs[i].load() == 1);
-  CHECK(static_cast<int>(ids.size()) <= 8);
+  CHECK(met.load());
+}
+
+TEST_CASE("A ParallelFor inside another's body stays on its thread (the cap holds)", "[base]") {
+  ThreadsVariable threads("4");
+  std::mutex mu;
+  std::set<std::thread::id> outer_ids;
+  std::atomic<int> inner_elsewhere{0}, inner_runs{0};
+  internal::ParallelFor(8, [&](int) {
+    const std::thread::id outer = std::this_thread::get_id();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      outer_ids.insert(outer);
+    }
+    internal::ParallelFor(16, [&](int) {
+      inner_runs.fetch_add(1);
+      if (std::this_thread::get_id() != outer) inner_elsewhere.fetch_add(1);
+    });
+  });
+  CHECK(inner_runs.load() == 8 * 16);
+  CHECK(inner_elsewhere.load() == 0);
+  CHECK(static_cast<int>(outer_ids.size()) <= 4);
+  // After the loop the calling thread may start threads again.
+  std::set<std::thread::id> again;
+  std::atomic<int> arrived{0};
+  internal::ParallelFor(2, [&](int) {
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    again.insert(std::this_thread::get_id());
+  });
+  CHECK(again.size() == 2);
+}
+
+TEST_CASE("ParallelFor rethrows a body's exception on the calling thread", "[base]") {
+  for (const char* cap : {"1", "4"}) {
+    ThreadsVariable threads(cap);
+    INFO("cap " << cap);
+    std::atomic<int> runs{0};
+    CHECK_THROWS_AS(internal::ParallelFor(1000,
+                                          [&](int i) {
+                                            runs.fetch_add(1);
+                                            if (i == 3) throw std::bad_alloc();
+                                          }),
+                    std::bad_alloc);
+    // Nothing more is handed out once a body has thrown (each other thread may finish the one
+    // iteration it had taken).
+    CHECK(runs.load() >= 4);
+    CHECK(runs.load() < 1000);
+    // And the threads that ran the loop are usable again: the next loop runs to the end.
+    std::atomic<int> after{0};
+    internal::ParallelFor(100, [&](int) { after.fetch_add(1); });
+    CHECK(after.load() == 100);
+  }
 }
 
 TEST_CASE("PO_COMPILE_THREADS caps the threads only as a positive integer", "[base]") {
