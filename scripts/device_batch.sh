@@ -16,7 +16,9 @@
 #       DEST; carry DEST to the GPU machine.
 #   scripts/device_batch.sh DEST [--budget SECONDS]                       (on the GPU machine)
 #       runs every job in DEST/jobs in name order, each under `timeout` (default 120 s, or the
-#       job's "# seconds: N" line), with stdout+stderr in $LOG/run.log, then packs every job's
+#       job's "# seconds: N" line; with --budget, no more than what is left of SECONDS, and a
+#       job with less than 10 s left is skipped, so the results are packed before a device
+#       call's own limit), with stdout+stderr in $LOG/run.log, then packs every job's
 #       folder into $OUT/results.tar.gz (the device tool returns at most 8 files) and prints a
 #       one-line summary per job.
 # Exit status: 0 when every job exited 0.
@@ -96,8 +98,15 @@ if [[ "${1:-}" == "--pack" ]]; then
   exit 0
 fi
 
-if [[ $# -lt 1 || ! -d "$1/jobs" ]]; then
-  echo "usage: $0 DEST (a folder made by --pack)" >&2
+budget=0
+if [[ $# -eq 3 && "$2" == "--budget" && "$3" =~ ^[1-9][0-9]*$ ]]; then
+  budget=$3
+elif [[ $# -ne 1 ]]; then
+  echo "usage: $0 DEST [--budget SECONDS] (DEST: a folder made by --pack)" >&2
+  exit 2
+fi
+if [[ ! -d "$1/jobs" ]]; then
+  echo "usage: $0 DEST [--budget SECONDS] (DEST: a folder made by --pack; $1/jobs is missing)" >&2
   exit 2
 fi
 pack=$(cd "$1" && pwd)
@@ -119,10 +128,21 @@ po_find_cublas || echo "device_batch: no libcublas.so.13 found; jobs may fail to
 } >"$results/machine.txt"
 
 status=0
+batch_start=$(date +%s)
 for job in "$pack"/jobs/*.sh; do
   name=$(basename "$job" .sh)
   limit=$(sed -n 's/^# seconds: *\([0-9]*\).*/\1/p' "$job" | head -1)
   limit=${limit:-120}
+  if ((budget > 0)); then
+    left=$((budget - ($(date +%s) - batch_start)))
+    if ((left < 10)); then
+      echo "$name: skipped (${left} s left of the --budget of $budget s)" |
+        tee -a "$results/summary.txt"
+      status=1
+      continue
+    fi
+    ((limit > left)) && limit=$left
+  fi
   mkdir -p "$results/$name"
   start=$(date +%s)
   (cd "$root" && BUILD="$pack" LOG="$results/$name" timeout -k 10 "$limit" bash "$job") \
