@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "lib/sim/simulate_parts.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
@@ -526,6 +527,17 @@ TEST_CASE("hangs and bad input are clear errors", "[sim]") {
     REQUIRE(status.code() == absl::StatusCode::kFailedPrecondition);
     CHECK(Has(Message(status), "malformed"));
     CHECK(Has(Message(status), "mb 7 is not in [0, 2)"));
+  }
+  SECTION("malformed schedule, without its transfers") {
+    // The planner runs StepTimeWithoutTransfers beside the simulation of a plan it has not yet
+    // validated: it must refuse a bad schedule on its own, not index out of range.
+    Schedule s = Make(1, 1, 1, false, {{F(0), Offload(0), Release(0), Reload(0), B(0)}});
+    s.stages[0].ops[4].mb = 7;
+    const absl::StatusOr<double> step = internal::StepTimeWithoutTransfers(s, SmallCost());
+    INFO(Message(step.status()));
+    REQUIRE(step.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(Has(Message(step.status()), "the programs without offload ops"));
+    CHECK(Has(Message(step.status()), "mb 7 is not in [0, 1)"));
   }
   SECTION("duplicate op") {
     Schedule s = OneFOneB();
