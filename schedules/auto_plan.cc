@@ -19,13 +19,16 @@
 // offload is also tried with recompute instead of offload: for each mode allowed (lean, and
 // full when spec.recompute is full) the smallest of kRecomputeFractions of each stage's
 // entries, longest-lived first, that fits. And where full offload alone does not fit, with
-// both per entry (one choice per entry: kept, offloaded or recomputed): po-f carries what the
-// link can, and rounds of RecomputeAtPeaks (recompute_mix.h) recompute entries at each stage's
-// peak that the plan kept, re-planning the offload around them each round, until the plan
-// fits: once recomputing lean (then, when full is allowed, upgrading to full where lean is not
-// enough) and once recomputing full, each with rounds that cover a stage's peak and with rounds
-// that cover every instant above the budget (MixCover). All compete on step time (recompute
-// costs compute time; offload is free while the link keeps up).
+// both per entry (kept, offloaded, recomputed, or recomputed with what F keeps offloaded): po-f
+// carries what the link can, and rounds of RecomputeAtPeaks (recompute_mix.h) recompute entries
+// at each stage's peak that the plan kept, re-planning the offload around them each round (its
+// candidate for a recomputed entry is the retained block), until the plan fits: once
+// recomputing lean (then, when full is allowed, upgrading to full where lean is not enough) and
+// once recomputing full, each with rounds that cover a stage's peak and with rounds that cover
+// every instant above the budget (MixCover). And once with every entry recomputed lean and
+// po-f on top (TryLeanOffload: where the link cannot carry whole entries it may carry their
+// lean blocks), then, when full is allowed, rounds that recompute in full at the peaks. All
+// compete on step time (recompute costs compute time; offload is free while the link keeps up).
 //
 // "Faster" is the candidate's predicted step_time, or with a judge (CompileOptions::auto_step)
 // the judge's step: stages sharing one GPU are judged by SimulateSharedGpu, where recompute in a
@@ -241,24 +244,53 @@ struct Search {
     TryRecompute(order, cost);
     if (full_offload && spec.recompute != Recompute::kNone) {
       for (const MixCover cover : {MixCover::kPeak, MixCover::kPlateau}) {
-        TryMixed(order, cost, *full_offload, Recompute::kLean, cover);
+        TryMixed(order, cost, *full_offload, {}, Recompute::kLean, cover);
         if (spec.recompute == Recompute::kFull) {
-          TryMixed(order, cost, *full_offload, Recompute::kFull, cover);
+          TryMixed(order, cost, *full_offload, {}, Recompute::kFull, cover);
         }
       }
+      TryLeanOffload(order, cost, *full_offload);
     }
   }
 
-  // Full offload plus recompute per entry (the file comment), starting from `full_offload`
-  // (the order's po-f plan, which does not fit) and recomputing in `mode` first, each round
-  // covering what `cover` says; a lean search goes on in full once lean lowers no stage
+  // Every entry recomputed lean with po-f on top, which offloads what F keeps wherever the link
+  // carries it (issue 16: where the link cannot carry whole entries, a lean block is the share
+  // of an entry it can), and, when that does not fit and spec.recompute allows full, rounds
+  // from it that recompute in full at the peaks. `full_offload` is the order's po-f plan.
+  void TryLeanOffload(const Order& order, const CostModel& cost, const Schedule& full_offload) {
+    RecomputeChoice all_lean;
+    const VirtualStageMap map = full_offload.spec.stage_map();
+    for (const StageProgram& program : full_offload.stages) {
+      for (const Op& op : program.ops) {
+        if (op.kind != OpKind::kForward ||
+            !cost.RecomputeOffered(program.stage, op.chunk, map, Recompute::kLean)) {
+          continue;
+        }
+        all_lean[{program.stage, op.mb, op.chunk}] = Recompute::kLean;
+      }
+    }
+    if (all_lean.empty()) return;
+    std::string name;
+    std::optional<Schedule> lean =
+        Try(order, cost, kFullOffload, &name, Recompute::kNone, 1.0, &all_lean);
+    if (!lean) return;
+    LogPlan(name, *lean);
+    if (Fits(*lean)) return Consider(*std::move(lean), name);
+    if (spec.recompute != Recompute::kFull) return;
+    for (const MixCover cover : {MixCover::kPeak, MixCover::kPlateau}) {
+      TryMixed(order, cost, *lean, all_lean, Recompute::kFull, cover);
+    }
+  }
+
+  // Full offload plus recompute per entry (the file comment), starting from `start` (a po-f
+  // plan with the recompute `choice`, which does not fit) and recomputing in `mode` first, each
+  // round covering what `cover` says; a lean search goes on in full once lean lowers no stage
   // further, when spec.recompute allows it.
-  void TryMixed(const Order& order, const CostModel& cost, const Schedule& full_offload,
-                Recompute mode, MixCover cover) {
-    RecomputeChoice choice;
-    const Schedule* current = &full_offload;
+  void TryMixed(const Order& order, const CostModel& cost, const Schedule& start,
+                RecomputeChoice choice, Recompute mode, MixCover cover) {
+    const Schedule* current = &start;
     std::optional<Schedule> candidate;
-    std::int64_t lowest = MaxPeak(*full_offload.predictions);
+    std::int64_t lowest = MaxPeak(*start.predictions);
     int stalled = 0;  // rounds since the worst stage's peak last came down
     for (int round = 0; round < kMaxMixRounds; ++round) {
       // Lean is not enough when it finds nothing more at the peaks or stops lowering them:

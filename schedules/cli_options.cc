@@ -231,7 +231,8 @@ const std::vector<OptionDef>& Options() {
        }},
       {"recompute", "MODE",
        "none | lean | full: recompute entries before their B instead of keeping them (lean: the "
-       "cheap parts, F keeps the lean layout; full: F keeps the chunk's input). With --policy "
+       "cheap parts, F keeps the lean layout; full: F keeps the chunk's input). With po-h, "
+       "po-f or selective, the planner may offload what a recomputed entry keeps. With --policy "
        "auto: the most the planner may use per entry. Default none.",
        [](Parsing& p, std::string_view value) -> absl::Status {
          const std::optional<Recompute> mode = RecomputeFromName(value);

@@ -60,7 +60,7 @@ absl::StatusOr<Schedule> CompileOrder(const PipelineSpec& spec, const CostModel&
     lowered.predictions = std::move(timeline.predictions);
     return lowered;
   }
-  // The planner leaves recomputed entries where they are (one choice per entry).
+  // The planner may offload a recomputed entry's retained block (its candidate is that block).
   PO_ASSIGN_OR_RETURN(Schedule planned, internal::PlanOffloadOfLowered(lowered, cost));
   PO_DCHECK(planned.predictions.has_value() && Validate(planned).ok());
   return planned;

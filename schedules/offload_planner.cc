@@ -381,8 +381,9 @@ Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& c
     return fail(absl::StrCat("it has ", timeline->predictions.collisions,
                              " colliding transfers (", baseline.collisions, " without offload)"));
   }
-  // Every RELOAD done reload_margin before its B, as planned (a plan whose ops run other than
-  // planned can break that even when it adds no collision).
+  // Every RELOAD done reload_margin before its B (or the RECOMPUTE* that reads a retained block
+  // first), as planned (a plan whose ops run other than planned can break that even when it
+  // adds no collision).
   const bool split = planned.spec.split_backward;
   const int v = planned.spec.chunks_per_stage;
   // Per entry (mb * v + chunk) of one stage: its RELOAD's end so far, NaN before one ran.
@@ -391,7 +392,10 @@ Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& c
     reload_end.assign(static_cast<std::size_t>(planned.spec.num_microbatches) * v,
                       std::numeric_limits<double>::quiet_NaN());
     for (const TimedOp& t : stage) {
-      if (t.op.kind != OpKind::kReload && t.op.kind != OpKind::kBackward) continue;
+      if (t.op.kind != OpKind::kReload && t.op.kind != OpKind::kBackward &&
+          !IsRecompute(t.op.kind)) {
+        continue;
+      }
       double& end = reload_end[static_cast<std::size_t>(t.op.mb) * v + t.op.chunk];
       if (t.op.kind == OpKind::kReload) {
         end = t.end;
@@ -401,8 +405,9 @@ Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& c
           cost.reload_margin_in_backward_times * cost.BackwardTime(t.stage, split);
       if (!std::isnan(end) && end > t.start - margin + 1e-9 * std::max(1.0, t.start)) {
         return fail(absl::StrFormat("its RELOAD of %s on stage %d ends at %.6g, within the "
-                                    "margin before its B at %.6g",
-                                    OpToString(t.op), t.stage, end, t.start));
+                                    "margin before its %s at %.6g",
+                                    OpToString(t.op), t.stage, end,
+                                    std::string(OpKindName(t.op.kind)), t.start));
       }
     }
   }

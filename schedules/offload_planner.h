@@ -24,8 +24,8 @@ namespace pipeoffload::internal {
                                                             const CostModel& cost);
 
 // Compile (compiler.h) with the recompute choice given per entry instead of the one
-// spec.recompute would make, and spec.offload planned around it: the offload planner leaves
-// recomputed entries on the device (one choice per entry). This is how `auto` mixes offload
+// spec.recompute would make, and spec.offload planned around it: the offload planner's
+// candidate for a recomputed entry is its retained block. This is how `auto` mixes offload
 // and recompute. Errors: InvalidArgument when spec.offload is kAuto or spec.recompute is not
 // kNone (the choice is the recompute), and those of Compile.
 [[nodiscard]] absl::StatusOr<Schedule> CompileWithRecompute(const PipelineSpec& spec,

@@ -150,12 +150,14 @@ class StagePlan {
  public:
   // `ops` is the stage's lowered program, with simulated times. `entry_bytes(chunk, mode)`
   // gives an entry's size (mode kNone) and what a recomputed entry keeps from its F to its
-  // RECOMPUTE* (its mode's retained block). A recomputed entry is no offload candidate (one
-  // choice per entry: its bytes() is 0) but holds memory all the same: the retained block from
-  // F, the full entry from its RECOMPUTE* (both at once while it runs, as the simulator counts)
-  // until the op that frees it. REQUIRES: the program is complete (F and B, and W when split,
-  // of every (mb, chunk) once, F before B before W, a RECOMPUTE* at most once per entry between
-  // its F and B), start times never decrease along it, and it holds no offload ops.
+  // RECOMPUTE* (its mode's retained block). The block an OffloadEntry describes is what F
+  // leaves on the device: the entry, or for a recomputed one its retained block, which lives
+  // from F to the RECOMPUTE* (its use and its free) and may be offloaded like an entry. The
+  // full entry the RECOMPUTE* rebuilds then stays until the op that frees it, part of the
+  // baseline: both blocks are held while the RECOMPUTE* runs, as the simulator counts.
+  // REQUIRES: the program is complete (F and B, and W when split, of every (mb, chunk) once, F
+  // before B before W, a RECOMPUTE* at most once per entry between its F and B), start times
+  // never decrease along it, and it holds no offload ops.
   template <typename BytesFn>
   StagePlan(int stage, std::vector<TimedBaselineOp> ops, bool split_backward,
             const StagePlanParams& params, BytesFn entry_bytes)
@@ -178,7 +180,6 @@ class StagePlan {
       } else if (op.kind == OpKind::kForward) {
         entry.forward_index = i;
         entry.forward_end = ops_[i].end;
-        entry.bytes = entry_bytes(op.chunk, Recompute::kNone);
       } else if (op.kind == OpKind::kBackward) {
         entry.use_index = i;
         entry.use_start = ops_[i].start;
@@ -191,15 +192,19 @@ class StagePlan {
     std::vector<std::pair<int, std::int64_t>> transient;  // (RECOMPUTE* index, retained)
     for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
       OffloadEntry& entry = entries_[e];
+      const std::int64_t full = entry_bytes(entry.chunk, Recompute::kNone);
+      entry.bytes = full;
       if (recompute_index[e] >= 0) {
-        const std::int64_t retained = entry_bytes(entry.chunk, recompute_mode[e]);
-        baseline_delta_[entry.forward_index] += retained;
-        baseline_delta_[recompute_index[e]] += entry.bytes - retained;
-        baseline_delta_[entry.free_index] -= entry.bytes;
+        // The retained block is the entry's block from here on; the full one is baseline.
+        const int at = recompute_index[e];
+        entry.bytes = entry_bytes(entry.chunk, recompute_mode[e]);
+        baseline_delta_[at] += full;
+        baseline_delta_[entry.free_index] -= full;
         // While it runs, the full entry and the retained block are both held.
-        transient.push_back({recompute_index[e], retained});
-        entry.bytes = 0;
-        continue;
+        transient.push_back({at, entry.bytes});
+        entry.use_index = at;
+        entry.use_start = ops_[at].start;
+        entry.free_index = at;
       }
       baseline_delta_[entry.forward_index] += entry.bytes;
       baseline_delta_[entry.free_index] -= entry.bytes;

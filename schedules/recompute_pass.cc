@@ -1,7 +1,8 @@
 // The recompute pass (issue 15): which entries a spec recomputes, and the RECOMPUTE /
 // RECOMPUTE_LEAN ops that carry it out, each right before its entry's B. Right before B is
 // where the full entry lives shortest (from the recompute to B or W); the op after a RECV_B
-// post still overlaps the wait for the gradient, since posts do not block.
+// post still overlaps the wait for the gradient, since posts do not block. An offload policy
+// beside it plans the recomputed entries' retained blocks like any other entry (issue 16).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -27,13 +28,6 @@ absl::Status CheckRecomputeSpec(const PipelineSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("recompute_chunks must be in [0, v] = [0, ",
                                                    spec.chunks_per_stage, "], got ",
                                                    spec.recompute_chunks));
-  }
-  if (spec.recompute != Recompute::kNone && spec.offload != OffloadPolicy::kNone &&
-      spec.offload != OffloadPolicy::kAuto) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "recompute ", RecomputeName(spec.recompute), " with offload ",
-        std::string(OffloadPolicyName(spec.offload)),
-        ": one choice per entry; use offload auto to mix offload and recompute per entry"));
   }
   return absl::OkStatus();
 }

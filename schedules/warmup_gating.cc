@@ -125,7 +125,8 @@ std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost
   const VirtualStageMap map = spec.stage_map();
   const std::vector<Op>& ops = lowered.stages[s].ops;
   std::vector<double> use_start(static_cast<std::size_t>(m) * spec.chunks_per_stage, 0.0);
-  // Recomputed entries are no candidates (one choice per entry) and not in the policy's total.
+  // Recomputed entries are no candidates here and not in the policy's total: their retained
+  // blocks are left to the plain planner (a gated copy is timed as a whole entry).
   std::vector<char> recomputed(use_start.size(), 0);
   for (const Op& op : ops) {
     if (IsRecompute(op.kind)) recomputed[static_cast<std::size_t>(op.chunk) * m + op.mb] = 1;

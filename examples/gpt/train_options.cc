@@ -184,9 +184,10 @@ const std::vector<FlagDef>& Flags() {
        "none | lean | full: recompute activations before the backward instead of keeping "
        "them. full keeps each chunk's input (2 C bytes per token on the GPU) and runs its "
        "forward again (one more forward per entry); lean keeps all but the LayerNorm and GELU "
-       "outputs (20 C instead of 32 C) and recomputes those. With --schedule 1f1b, "
-       "interleaved or group-interleaved (no offload): every entry, or a share (below); with "
-       "--schedule auto: the most the planner may use per entry (keep, offload, lean, full).",
+       "outputs (20 C instead of 32 C) and recomputes those. Every entry, or a share (below); "
+       "with po-h, po-f or selective the planner may offload what a recomputed entry keeps; "
+       "with --schedule auto: the most the planner may use per entry (keep, offload, lean, "
+       "full).",
        [](TrainOptions& o, const std::string& v) -> absl::Status {
          if (v != "none" && v != "lean" && v != "full") {
            return BadValue("recompute", "none, lean or full", v);

@@ -46,8 +46,9 @@ namespace pipeoffload {
 
 // Recomputation (issue 15). A choice per (stage, mb, chunk) entry; absent or kNone: kept.
 using RecomputeChoice = std::map<std::tuple<int, int, int>, Recompute>;
-// Errors: InvalidArgument for recompute_fraction outside (0, 1], recompute_chunks outside
-// [0, v], or recompute with an offload policy other than none and auto (one choice per entry).
+// Errors: InvalidArgument for an unknown mode, recompute_fraction outside (0, 1] or
+// recompute_chunks outside [0, v]. Any offload policy may stand beside it: the planner then
+// treats a recomputed entry's retained block as that entry's offload candidate.
 [[nodiscard]] absl::Status CheckRecomputeSpec(const PipelineSpec& spec);
 // The entries spec.recompute picks in a lowered schedule (semantics: PipelineSpec).
 RecomputeChoice ChooseRecompute(const Schedule& lowered);

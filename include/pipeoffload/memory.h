@@ -59,7 +59,9 @@ struct DeviceArenaOptions {
   // rest first-fit from the bottom. A stage sets it to its smallest full entry, so the retained
   // blocks of recomputed entries (long-lived, smaller than any entry) never land in a hole a
   // released entry left, which would split it below the size the next reload or regrow needs.
-  // 0: every stash block from the bottom.
+  // Blocks carved from the top go to the smallest free range below this size that holds them
+  // (best fit: P2P buffers and retained blocks of several sizes share the top), else to the
+  // highest range that fits. 0: every stash block from the bottom, top blocks highest first.
   std::int64_t stash_high_below_bytes = 0;
 };
 
@@ -287,12 +289,14 @@ class ActivationStash {
   [[nodiscard]] absl::Status Free(int mb, int chunk);
 
   // RECOMPUTE / RECOMPUTE_LEAN, in two steps around the model's RecomputeSaved. Regrow: the
-  // entry (ON_DEVICE, holding the retained block F wrote) gets a new device block of `bytes`
+  // entry (ON_DEVICE, holding the retained block F wrote; or RELOADING once OrderReload ran,
+  // when that block went to the host and back: FinishReload then follows, the retained block
+  // still in place) gets a new device block of `bytes`
   // (the full entry; zero-filled while poisoning is on, as Create), counted at once, so for the
   // call's duration the logical bytes hold both blocks, as the compiler models it. Returns the
   // retained block and the new one. DropRetained: frees the retained block (the logical bytes
   // shrink by its size); the entry goes on with the new block as its device copy.
-  // Errors: FailedPrecondition for an entry that is not ON_DEVICE or already regrown (or not
+  // Errors: FailedPrecondition for an entry that is neither of those or already regrown (or not
   // regrown, for DropRetained); the arena's errors as Create.
   struct Regrown {
     const void* retained = nullptr;

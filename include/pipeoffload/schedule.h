@@ -31,7 +31,8 @@ enum class OpKind : std::uint8_t {
   kRecvActivation,  // "RECV_F": input of F(mb, chunk) from the previous virtual stage.
   kSendGrad,        // "SEND_B": input gradient of B(mb, chunk) to the previous virtual stage.
   kRecvGrad,        // "RECV_B": output gradient for B(mb, chunk) from the next virtual stage.
-  kOffload,         // "OFFLOAD": start the D2H copy of (mb, chunk)'s stash entry.
+  kOffload,         // "OFFLOAD": start the D2H copy of (mb, chunk)'s stash entry (of an entry
+                    //      the program recomputes: its retained block, see kRecompute).
   kRelease,         // "RELEASE": once that copy is done, free the device copy.
   kReload,          // "RELOAD": allocate device memory and start the H2D copy back.
   kBarrier,         // "BARRIER": rendezvous with `peer` (the paired stage), to stagger transfers.
@@ -39,6 +40,8 @@ enum class OpKind : std::uint8_t {
   kRecompute,       // "RECOMPUTE": before B(mb, chunk), rebuild the full stash entry from what
                     //      F kept (StageModel::RecomputeSaved, Recompute::kFull: the chunk's
                     //      input), then free the retained block. Runs on the compute queue.
+                    //      The retained block may itself be offloaded: OFFLOAD, RELEASE and
+                    //      RELOAD of a recomputed entry move it, RELOAD before the RECOMPUTE.
   kRecomputeLean,   // "RECOMPUTE_LEAN": the same from the lean layout (Recompute::kLean).
 };
 inline constexpr int kNumOpKinds = 13;

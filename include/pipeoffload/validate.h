@@ -20,8 +20,8 @@ namespace pipeoffload {
 //     its partner is reached), checked by simulation;
 //  7. offload life cycle per entry: F < OFFLOAD < RELEASE < RELOAD < B (< W), each at most once,
 //     all three or none; nothing left in the stash or the host pool at the end;
-//  8. recompute life cycle per entry: at most one RECOMPUTE or RECOMPUTE_LEAN, F < it < B, and
-//     then no OFFLOAD / RELEASE / RELOAD of that entry (one memory choice per entry).
+//  8. recompute life cycle per entry: at most one RECOMPUTE or RECOMPUTE_LEAN, F < it < B; when
+//     the entry is offloaded too (its retained block goes to the host), RELOAD < it.
 // Errors: FailedPrecondition naming the invariant, the stage, the op index and the op, followed
 // by the step x stage grid around the violation (for deadlocks: the grid where every stage
 // hangs, each stage's blocked op marked).

@@ -361,6 +361,15 @@ class ScheduleIndex {
     return positions_[static_cast<std::size_t>(stage)][Key(kind, mb, chunk)];
   }
 
+  // How `stage`'s program recomputes (mb, chunk): kFull / kLean when it holds a RECOMPUTE /
+  // RECOMPUTE_LEAN of it (the first found, should it hold both), else kNone. REQUIRES:
+  // everything in range.
+  Recompute RecomputeMode(int stage, int mb, int chunk) const {
+    if (Position(stage, OpKind::kRecompute, mb, chunk) >= 0) return Recompute::kFull;
+    if (Position(stage, OpKind::kRecomputeLean, mb, chunk) >= 0) return Recompute::kLean;
+    return Recompute::kNone;
+  }
+
   // The op that op `index` of `stage` meets: its matching RECV/SEND on the peer (peers as
   // CheckPeers wants them, both ways), or the k-th BARRIER of the peer with this stage for this
   // stage's k-th BARRIER with the peer. -1 when it has none or is not a rendezvous op.

@@ -272,9 +272,11 @@ class Validator {
     return std::nullopt;
   }
 
-  // Invariant 8: a RECOMPUTE* sits between its entry's F and B, once per entry and of one kind,
-  // and its entry is never offloaded: F kept only the retained block, which the recompute turns
-  // into the full entry, so a copy to the host would move the wrong bytes.
+  // Invariant 8: a RECOMPUTE* sits between its entry's F and B, once per entry and of one kind.
+  // An entry it recomputes may be offloaded too: F kept only the retained block, and that is
+  // what OFFLOAD / RELEASE / RELOAD move, so the block must be back before the recompute reads
+  // it (F < OFFLOAD < RELEASE < RELOAD < RECOMPUTE* < B; the rest of the triple's order is
+  // invariant 7's).
   std::optional<GridViolation> RecomputeLifeCycle() const {
     for (int d = 0; d < p_; ++d) {
       const std::vector<Op>& ops = Ops(d);
@@ -286,6 +288,7 @@ class Validator {
             op.kind == OpKind::kRecompute ? OpKind::kRecomputeLean : OpKind::kRecompute;
         const int f = Pos(d, OpKind::kForward, op.mb, op.chunk);
         const int b = Pos(d, OpKind::kBackward, op.mb, op.chunk);
+        const int reload = Pos(d, OpKind::kReload, op.mb, op.chunk);
         std::string problem;
         if (const int twin = Pos(d, other, op.mb, op.chunk); twin >= 0) {
           problem = "two recompute choices for one entry: " + Named(other, op.mb, op.chunk) +
@@ -297,15 +300,11 @@ class Validator {
         } else if (b < index) {
           problem = std::string(OpKindName(op.kind)) + " after B: its B ran at op " +
                     std::to_string(b) + " (a recompute rebuilds the entry B reads)";
-        } else {
-          for (const OpKind transfer : {OpKind::kOffload, OpKind::kRelease, OpKind::kReload}) {
-            if (const int at = Pos(d, transfer, op.mb, op.chunk); at >= 0) {
-              problem = "a recomputed entry is also offloaded: " +
-                        Named(transfer, op.mb, op.chunk) + " is at op " + std::to_string(at) +
-                        " (one choice per entry: keep, offload or recompute)";
-              break;
-            }
-          }
+        } else if (reload > index) {
+          problem = std::string(OpKindName(op.kind)) +
+                    " before RELOAD: the entry's retained block is on the host until " +
+                    Named(OpKind::kReload, op.mb, op.chunk) + " at op " +
+                    std::to_string(reload) + " (an offloaded retained block comes back first)";
         }
         if (!problem.empty()) return ViolationAt(internal::kRecomputeLifeCycle, d, index, problem);
       }

@@ -11,7 +11,10 @@
 //    ON_HOST     --StartReload--> RELOADING    new device block, H2D enqueued (RELOAD)
 //    RELOADING   --FinishReload-> ON_DEVICE    H2D waited for, host slot returned (before B)
 //    ON_DEVICE   --Free---------> (none)       device block freed (B unsplit, or W)
-//    ON_DEVICE   --Regrow-------> ON_DEVICE    + full block, retained block kept (RECOMPUTE)
+//    ON_DEVICE   --Regrow-------> ON_DEVICE    + full block, retained block kept (RECOMPUTE);
+//                                              also from RELOADING once OrderReload ran (a
+//                                              retained block back from the host; the state
+//                                              stays until FinishReload)
 //    ON_DEVICE   --DropRetained-> ON_DEVICE    retained block freed (after RecomputeSaved)
 //  Logical and physical bytes:
 //    device_bytes_ / device_entries_ (LOGICAL) follow program order exactly as the compiler
@@ -404,7 +407,11 @@ absl::Status ActivationStash::Free(int mb, int chunk) {
 absl::StatusOr<ActivationStash::Regrown> ActivationStash::Regrow(int mb, int chunk,
                                                                  std::int64_t bytes) {
   PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "Regrow (RECOMPUTE)"));
-  PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnDevice, "Regrow (RECOMPUTE)"));
+  // A retained block that came back from the host may still be RELOADING, once the compute
+  // queue is ordered after its copy (OrderReload): FinishReload then follows the recompute.
+  if (!(entry->state == StashState::kReloading && entry->reload_ordered)) {
+    PO_RETURN_IF_ERROR(Expect(*entry, mb, chunk, StashState::kOnDevice, "Regrow (RECOMPUTE)"));
+  }
   if (entry->retained != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(EntryName(mb, chunk), " is already regrown; Regrow (RECOMPUTE) runs once"));

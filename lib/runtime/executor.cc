@@ -82,7 +82,7 @@ absl::StatusOr<void*> StageExecutor::ReadyEntry(int index, const Op& op) {
     return absl::DataLossError(absl::StrCat(
         Where(index, op), ": stash entry (mb ", op.mb, ", chunk ", op.chunk,
         ") holds the poison pattern at byte ", *poison, " of ",
-        saved_bytes_[static_cast<std::size_t>(op.chunk)],
+        IsRecompute(op.kind) ? EntryBytes(op) : saved_bytes_[static_cast<std::size_t>(op.chunk)],
         ": it reads memory released before its data was safe (a premature RELEASE or a missing "
         "wait on the D2H copy)"));
   }
@@ -99,10 +99,7 @@ absl::Status StageExecutor::Forward(int index, const Op& op) {
     }
     // A recomputed entry keeps only its retained block until its RECOMPUTE*.
     const Recompute mode = recompute_.ModeOf(op.mb, op.chunk);
-    absl::StatusOr<void*> saved = stash_.Create(
-        op.mb, op.chunk,
-        mode == Recompute::kNone ? saved_bytes_[static_cast<std::size_t>(op.chunk)]
-                                 : recompute_.Retained(op.chunk, mode));
+    absl::StatusOr<void*> saved = stash_.Create(op.mb, op.chunk, EntryBytes(op));
     if (!saved.ok()) return Annotate(saved.status(), Where(index, op));
     SampleMemory();
     const double start = Now();
@@ -173,7 +170,8 @@ absl::Status StageExecutor::BackwardWeight(int index, const Op& op) {
 
 absl::Status StageExecutor::RecomputeEntry(int index, const Op& op) {
   // The retained block is read like B reads an entry: the poison scan catches a block freed
-  // under it since F.
+  // under it since F. When it was offloaded, its RELOAD is ordered before the recompute here
+  // and finished (host slot back) once the recompute is enqueued, as B does.
   PO_RETURN_IF_ERROR(ReadyEntry(index, op).status());
   absl::StatusOr<ActivationStash::Regrown> blocks =
       stash_.Regrow(op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)]);
@@ -187,6 +185,7 @@ absl::Status StageExecutor::RecomputeEntry(int index, const Op& op) {
   stats_.compute_seconds += end - start;
   stats_.recompute_seconds += end - start;
   PO_RETURN_IF_ERROR(CallModel(index, status));
+  PO_RETURN_IF_ERROR(FinishReloadAfter(index, op));
   // Freed after the call was enqueued: the arena's poison fill is ordered after it on the
   // compute queue, so the model's work still reads the retained bytes.
   PO_RETURN_IF_ERROR(Annotate(stash_.DropRetained(op.mb, op.chunk), Where(index, op)));
@@ -228,7 +227,7 @@ absl::Status StageExecutor::RunOp(int index, const Op& op) {
       PO_RETURN_IF_ERROR(Annotate(stash_.StartOffload(op.mb, op.chunk), Where(index, op)));
       Time(index, now, now);  // replaced by the copy's own times once it has finished
       offload_ops_[key] = index;
-      stats_.offloaded_bytes += saved_bytes_[static_cast<std::size_t>(op.chunk)];
+      stats_.offloaded_bytes += EntryBytes(op);
       return absl::OkStatus();
     }
     case OpKind::kRelease:
@@ -238,7 +237,7 @@ absl::Status StageExecutor::RunOp(int index, const Op& op) {
       PO_RETURN_IF_ERROR(Annotate(stash_.StartReload(op.mb, op.chunk), Where(index, op)));
       Time(index, now, now);
       reload_ops_[key] = index;
-      stats_.reloaded_bytes += saved_bytes_[static_cast<std::size_t>(op.chunk)];
+      stats_.reloaded_bytes += EntryBytes(op);
       SampleMemory();
       return absl::OkStatus();
     }
@@ -328,9 +327,7 @@ absl::StatusOr<IterationStats> StageExecutor::Run() {
     timed.op = op;
     timed.engine = EngineOf(op.kind);
     if (IsP2P(op.kind)) timed.bytes = boundary_bytes_;
-    if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
-      timed.bytes = saved_bytes_[static_cast<std::size_t>(op.chunk)];
-    }
+    if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) timed.bytes = EntryBytes(op);
   }
   arena_.ResetHighWater();
   stash_.ResetHighWater();

@@ -138,48 +138,50 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
     const Op& op = program.ops[static_cast<std::size_t>(index)];
     if (op.kind == OpKind::kBarrier) continue;
     const std::pair<int, int> key(op.mb, op.chunk);
-    const std::int64_t bytes = saved[static_cast<std::size_t>(op.chunk)];
-    // A recomputed entry: F keeps the retained block; RECOMPUTE adds the full entry, then
-    // frees the retained block (both are held while the model rebuilds the entry).
+    const std::int64_t full = saved[static_cast<std::size_t>(op.chunk)];
+    // What the entry's block holds before a RECOMPUTE*, and what its transfers move: the
+    // retained block of a recomputed entry, else the whole entry.
     const Recompute mode = recompute.ModeOf(op.mb, op.chunk);
-    if (mode != Recompute::kNone && (op.kind == OpKind::kForward || IsRecompute(op.kind))) {
-      const std::int64_t retained = recompute.Retained(op.chunk, mode);
-      if (op.kind == OpKind::kForward) {
-        if (on_device.insert(key).second) add(retained, index);
-      } else if (on_device.count(key) != 0) {
-        add(bytes, index);
-        add(-retained, index);
-      }
-      continue;
-    }
+    const std::int64_t held = mode == Recompute::kNone ? full : recompute.Retained(op.chunk, mode);
     // The walk tolerates illegal sequences (the stash reports those at run time); it only
     // counts, so a broken program cannot make it over- or under-count twice.
-    int delta = 0;
+    const auto take_host_copy = [&] {
+      if (on_host.erase(key)) --host_count[held].first;
+    };
     switch (op.kind) {
       case OpKind::kForward:
       case OpKind::kReload:
-        delta = on_device.insert(key).second ? 1 : 0;
+        if (on_device.insert(key).second) add(held, index);
         break;
       case OpKind::kRelease:
-        delta = on_device.erase(key) ? -1 : 0;
+        if (on_device.erase(key)) add(-held, index);
+        break;
+      case OpKind::kRecompute:
+      case OpKind::kRecomputeLean:
+        // Rebuilds the full entry, then frees the retained block (both held meanwhile); the
+        // retained block's host copy, if any, is returned here.
+        if (on_device.count(key) != 0) {
+          add(full, index);
+          add(-held, index);
+        }
+        take_host_copy();
         break;
       case OpKind::kBackward:
-        if (!spec.split_backward) delta = on_device.erase(key) ? -1 : 0;
-        if (on_host.erase(key)) --host_count[bytes].first;
+        if (!spec.split_backward && on_device.erase(key)) add(-full, index);
+        take_host_copy();
         break;
       case OpKind::kBackwardWeight:
-        delta = on_device.erase(key) ? -1 : 0;
+        if (on_device.erase(key)) add(-full, index);
         break;
       case OpKind::kOffload:
         if (on_host.insert(key).second) {
-          auto& [now, max] = host_count[bytes];
+          auto& [now, max] = host_count[held];
           max = std::max(max, ++now);
         }
         break;
       default:
         break;
     }
-    add(delta * bytes, index);
   }
   for (const auto& [bytes, counts] : host_count) {
     needs.host_slots.push_back(HostSlotClass{bytes, counts.second});

@@ -40,9 +40,9 @@ struct RecomputePlan {
 
 // Errors: FailedPrecondition when the program recomputes an entry with a mode the model does
 // not offer for its chunk (RetainedBytes <= 0: -1 is the StageModel default), naming the
-// stage, the op, the chunk and the mode; or also offloads a recomputed entry (Validate's
-// invariant 8: the walk and the stash keep one choice per entry). REQUIRES: every op's chunk
-// in [0, v) (checked before).
+// stage, the op, the chunk and the mode; or moves a recomputed entry to or from the host after
+// its RECOMPUTE* (Validate's invariant 8: its transfers move the retained block, before it).
+// REQUIRES: every op's chunk in [0, v) (checked before).
 inline absl::StatusOr<RecomputePlan> PlanRecompute(const PipelineSpec& spec,
                                                    const StageProgram& program,
                                                    const StageModel& model) {
@@ -66,12 +66,20 @@ inline absl::StatusOr<RecomputePlan> PlanRecompute(const PipelineSpec& spec,
           "; compile without --recompute ", RecomputeName(mode), " for this model"));
     }
   }
+  // A recomputed entry's transfers move its retained block, so they come before its
+  // RECOMPUTE* (after it the entry is whole again, and the walk would count the wrong bytes).
+  std::map<std::pair<int, int>, std::size_t> recompute_at;
   for (std::size_t i = 0; i < program.ops.size(); ++i) {
     const Op& op = program.ops[i];
-    if (IsOffload(op.kind) && plan.modes.count({op.mb, op.chunk}) != 0) {
+    if (IsRecompute(op.kind)) recompute_at.emplace(std::pair{op.mb, op.chunk}, i);
+    if (!IsOffload(op.kind)) continue;
+    const auto it = recompute_at.find({op.mb, op.chunk});
+    if (it != recompute_at.end()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "executor: stage ", program.stage, ", op ", i, " (", OpToString(op),
-          "): the entry is recomputed, so it cannot be offloaded too (one choice per entry)"));
+          "): the entry was recomputed at op ", it->second,
+          "; a recomputed entry's OFFLOAD, RELEASE and RELOAD move its retained block and come "
+          "before its recompute"));
     }
   }
   return plan;

@@ -140,11 +140,18 @@ class StageExecutor final : public Executor {
   // p2p_compute_waits.
   absl::Status OrderAfterCompute(int index, const Op& op);
   absl::StatusOr<void*> TakeInput(int index, const Op& op, bool activation);
-  // The entry B or W reads: a reloading entry is ordered before the compute work (no host
-  // wait); FinishReloadAfter, right after the model call, host-waits its copy and returns the
-  // host slot, so the host blocks only while the GPU already has the op queued.
+  // The entry B, W or a RECOMPUTE* reads: a reloading entry is ordered before the compute work
+  // (no host wait); FinishReloadAfter, right after the model call, host-waits its copy and
+  // returns the host slot, so the host blocks only while the GPU already has the op queued.
   absl::StatusOr<void*> ReadyEntry(int index, const Op& op);
   absl::Status FinishReloadAfter(int index, const Op& op);
+  // Bytes the entry of `op` holds before its RECOMPUTE* (what its OFFLOAD and RELOAD move): the
+  // retained block of a recomputed entry, else the saved entry.
+  std::int64_t EntryBytes(const Op& op) const {
+    const Recompute mode = recompute_.ModeOf(op.mb, op.chunk);
+    return mode == Recompute::kNone ? saved_bytes_[static_cast<std::size_t>(op.chunk)]
+                                    : recompute_.Retained(op.chunk, mode);
+  }
   absl::StatusOr<void*> AllocateP2P(int index, const Op& op);
   // With a plan: waits for every posted send whose guarantee point is <= `index` and frees its
   // block (before op `index` runs).

@@ -128,9 +128,12 @@ class SharedGpu {
         return Finished(s, OpKind::kBackward, op.mb, op.chunk) &&
                (!Offloaded(s, op.mb, op.chunk) || Finished(s, OpKind::kReload, op.mb, op.chunk));
       case OpKind::kOffload:
+        return Finished(s, OpKind::kForward, op.mb, op.chunk);
       case OpKind::kRecompute:
       case OpKind::kRecomputeLean:
-        return Finished(s, OpKind::kForward, op.mb, op.chunk);
+        // An offloaded retained block is read back first.
+        return Finished(s, OpKind::kForward, op.mb, op.chunk) &&
+               (!Offloaded(s, op.mb, op.chunk) || Finished(s, OpKind::kReload, op.mb, op.chunk));
       case OpKind::kRelease:
       case OpKind::kReload:
         return Finished(s, OpKind::kOffload, op.mb, op.chunk);
@@ -178,7 +181,8 @@ class SharedGpu {
       busy[su] = 1;
       (d2h ? d2h_ : h2d_)
           .push_back({s, head,
-                      static_cast<double>(cost_.ActivationBytes(s, op.chunk, map_))});
+                      static_cast<double>(cost_.RetainedBytes(
+                          s, op.chunk, map_, index_.RecomputeMode(s, op.mb, op.chunk)))});
     } else {  // RELEASE: done once its OFFLOAD is
       End(s, head) = now_;
     }
@@ -283,7 +287,8 @@ class SharedGpu {
     std::erase_if(p2p_ends_, [&](double end) { return end <= now_ + kSecondsEpsilon; });
   }
 
-  // Some stage's head waits for a copy: a B/W for its reload, or a RELEASE for its offload.
+  // Some stage's head waits for a copy: a B/W/RECOMPUTE* for its reload, or a RELEASE for its
+  // offload.
   bool WaitingForCopy() {
     for (int s = 0; s < p_; ++s) {
       if (static_cast<std::size_t>(Head(s)) >= Ops(s).size()) continue;
@@ -291,7 +296,8 @@ class SharedGpu {
       if (op.kind == OpKind::kRelease && !Finished(s, OpKind::kOffload, op.mb, op.chunk)) {
         return true;
       }
-      if ((op.kind == OpKind::kBackward || op.kind == OpKind::kBackwardWeight) &&
+      if ((op.kind == OpKind::kBackward || op.kind == OpKind::kBackwardWeight ||
+           IsRecompute(op.kind)) &&
           Offloaded(s, op.mb, op.chunk) && !Finished(s, OpKind::kReload, op.mb, op.chunk)) {
         return true;
       }

@@ -129,11 +129,17 @@ inline absl::Status CheckTotalOpTime(const Schedule& schedule, const CostModel& 
         case OpKind::kRecompute: total += cost.RecomputeTime(s, Recompute::kFull); break;
         case OpKind::kRecomputeLean: total += cost.RecomputeTime(s, Recompute::kLean); break;
         case OpKind::kOffload:
-        case OpKind::kReload:
-          total += static_cast<double>(
-                       cost.ActivationBytes(s, std::max(op.chunk, 0), schedule.spec.stage_map())) /
-                   slowest_link;
+        case OpKind::kReload: {
+          // The entry, or its retained block when the program recomputes it: the larger.
+          const int chunk = std::max(op.chunk, 0);
+          const VirtualStageMap map = schedule.spec.stage_map();
+          const std::int64_t bytes =
+              std::max({cost.ActivationBytes(s, chunk, map),
+                        cost.RetainedBytes(s, chunk, map, Recompute::kLean),
+                        cost.RetainedBytes(s, chunk, map, Recompute::kFull)});
+          total += static_cast<double>(bytes) / slowest_link;
           break;
+        }
         default:
           if (IsP2P(op.kind)) total += message;
           break;

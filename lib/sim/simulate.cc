@@ -224,9 +224,13 @@ class EventLoop {
         add(OpKind::kForward, op.chunk, false);
         break;
       case OpKind::kOffload:
+        add(OpKind::kForward, op.chunk, true);
+        break;
       case OpKind::kRecompute:
       case OpKind::kRecomputeLean:
         add(OpKind::kForward, op.chunk, true);
+        // An offloaded retained block is read back first.
+        if (offloaded()) add(OpKind::kReload, op.chunk, true);
         break;
       case OpKind::kSendGrad:
         add(OpKind::kBackward, op.chunk, false);
@@ -450,11 +454,17 @@ class EventLoop {
         const bool duplex = Later(ends[d2h ? 1 : 0], t);  // opposite direction busy at t
         const double bandwidth =
             duplex ? cost_.duplex_bandwidth : (d2h ? cost_.d2h_bandwidth : cost_.h2d_bandwidth);
-        return static_cast<double>(cost_.ActivationBytes(s, op.chunk, map_)) / bandwidth;
+        return static_cast<double>(TransferBytes(s, op)) / bandwidth;
       }
       default:
         return 0.0;
     }
+  }
+
+  // Bytes an OFFLOAD or RELOAD of `op`'s entry moves: the retained block of an entry the
+  // program recomputes (schedule.h), else the whole entry.
+  std::int64_t TransferBytes(int s, const Op& op) const {
+    return cost_.RetainedBytes(s, op.chunk, map_, index_.RecomputeMode(s, op.mb, op.chunk));
   }
 
   void Start(int s, double t, double duration) {
@@ -463,7 +473,7 @@ class EventLoop {
     TimedOp& timed = Timed(s, state.head);
     timed = TimedOp{s, state.head, op, EngineOf(op.kind), t, t + duration, 0};
     if (op.kind == OpKind::kOffload || op.kind == OpKind::kReload) {
-      timed.bytes = cost_.ActivationBytes(s, op.chunk, map_);
+      timed.bytes = TransferBytes(s, op);
       double& end = link_end_[static_cast<std::size_t>(s / cost_.host_link_group_size)]
                              [op.kind == OpKind::kOffload ? 0 : 1];
       end = std::max(end, timed.end);
@@ -602,8 +612,9 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     std::int64_t units;
   };
   std::vector<Change> changes;
-  // Recomputed entries: F holds the retained block; RECOMPUTE* adds the full entry when it
-  // starts and frees the retained block when it ends (the runtime's Regrow / DropRetained).
+  // Recomputed entries: F holds the retained block (which OFFLOAD / RELEASE / RELOAD move when
+  // the plan offloads it); RECOMPUTE* adds the full entry when it starts and frees the retained
+  // block when it ends (the runtime's Regrow / DropRetained).
   std::vector<Recompute> recomputed(on_host.size(), Recompute::kNone);
   for (const TimedOp& t : timed) {
     if (IsRecompute(t.op.kind)) {
@@ -612,12 +623,15 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
           t.op.kind == OpKind::kRecompute ? Recompute::kFull : Recompute::kLean;
     }
   }
-  const auto change = [&](std::int64_t delta_bytes, int delta_units, double when, int index) {
+  // `transfer`: an OFFLOAD / RELEASE / RELOAD's change, which the plan without offload lacks.
+  const auto change = [&](std::int64_t delta_bytes, int delta_units, double when, int index,
+                          bool transfer) {
     units += delta_units;
     bytes += delta_bytes;
     out->peak_units = std::max(out->peak_units, units);
     out->peak_bytes = std::max(out->peak_bytes, bytes);
     if (samples != nullptr) changes.push_back({when, index, delta_bytes, delta_units});
+    if (transfer) return;
     plain_units += delta_units;
     plain_bytes += delta_bytes;
     out->peak_units_without_offload = std::max(out->peak_units_without_offload, plain_units);
@@ -626,54 +640,36 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
   for (const TimedOp& t : timed) {
     const Op& op = t.op;
     // BARRIERs may carry chunk -1; they allocate nothing, so any size will do for them.
-    const std::int64_t entry = cost.ActivationBytes(s, std::max(op.chunk, 0), spec.stage_map());
+    const std::int64_t full = cost.ActivationBytes(s, std::max(op.chunk, 0), spec.stage_map());
     const Recompute mode =
         op.mb < 0 ? Recompute::kNone
                   : recomputed[static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(v) +
                                static_cast<std::size_t>(op.chunk)];
-    if (mode != Recompute::kNone && (op.kind == OpKind::kForward || IsRecompute(op.kind))) {
-      const std::int64_t retained = cost.RetainedBytes(s, op.chunk, spec.stage_map(), mode);
-      if (op.kind == OpKind::kForward) {
-        change(retained, 1, t.start, t.index);
-      } else {
-        change(entry, 0, t.start, t.index);
-        change(-retained, 0, t.end, t.index);
-      }
-      if (t.engine == Engine::kCompute) out->busy_time += t.end - t.start;
-      out->end_time = std::max(out->end_time, t.end);
-      continue;
+    // What the entry holds before its RECOMPUTE* (and what OFFLOAD / RELEASE / RELOAD move).
+    const std::int64_t held =
+        mode == Recompute::kNone ? full
+                                 : cost.RetainedBytes(s, op.chunk, spec.stage_map(), mode);
+    // F, RELEASE and RELOAD move what the entry holds then; the op that frees it, the entry.
+    if (op.kind == OpKind::kForward) change(held, 1, t.start, t.index, false);
+    if (op.kind == OpKind::kReload) change(held, 1, t.start, t.index, true);
+    if (op.kind == OpKind::kRelease) change(-held, -1, t.start, t.index, true);
+    if (IsRecompute(op.kind)) {
+      change(full, 0, t.start, t.index, false);
+      change(-held, 0, t.end, t.index, false);
     }
-    int sign = 0;  // +1 allocates on the device, -1 frees
-    double when = t.start;
-    if (op.kind == OpKind::kForward || op.kind == OpKind::kReload) sign = 1;
-    if (op.kind == OpKind::kRelease) sign = -1;
-    if (op.kind == frees) {
-      sign = -1;
-      when = t.end;
-    }
-    if (sign != 0) {
-      units += sign;
-      bytes += sign * entry;
-      out->peak_units = std::max(out->peak_units, units);
-      out->peak_bytes = std::max(out->peak_bytes, bytes);
-      if (samples != nullptr) changes.push_back({when, t.index, sign * entry, sign});
-      if (!IsOffload(op.kind)) {
-        plain_units += sign;
-        plain_bytes += sign * entry;
-        out->peak_units_without_offload = std::max(out->peak_units_without_offload, plain_units);
-        out->peak_bytes_without_offload = std::max(out->peak_bytes_without_offload, plain_bytes);
-      }
-    }
-    if (op.kind == OpKind::kOffload || op.kind == OpKind::kBackward) {
+    if (op.kind == frees) change(-full, -1, t.end, t.index, false);
+    // The host copy lives from its OFFLOAD to the op that takes the entry back: B, or the
+    // RECOMPUTE* of a recomputed one (the runtime returns the host slot there).
+    if (op.kind == OpKind::kOffload || op.kind == OpKind::kBackward || IsRecompute(op.kind)) {
       char& flag = on_host[static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(v) +
                            static_cast<std::size_t>(op.chunk)];
       if (op.kind == OpKind::kOffload) {
-        out->offloaded_bytes += entry;
-        host += entry;
+        out->offloaded_bytes += held;
+        host += held;
         out->host_bytes = std::max(out->host_bytes, host);
         flag = 1;
-      } else if (flag) {  // the entry's B: its host copy is no longer needed
-        host -= entry;
+      } else if (flag) {  // its host copy is no longer needed
+        host -= held;
         flag = 0;
       }
     }

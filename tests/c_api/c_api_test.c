@@ -516,11 +516,29 @@ static void TestRecomputeSpec(const char* scratch) {
   EXPECT_ERROR(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
                "po_schedule_compile: recompute_fraction must be in (0, 1], got 0");
   spec.recompute_fraction = 1;
-  spec.offload = "po-f";
+  spec.recompute_chunks = 3;
   EXPECT_ERROR(po_schedule_compile(&spec, &cost, &schedule), PO_ERROR_INVALID_ARGUMENT,
-               "po_schedule_compile: recompute full with offload po-f: one choice per entry; "
-               "use offload auto to mix offload and recompute per entry");
+               "po_schedule_compile: recompute_chunks must be in [0, v] = [0, 1], got 3");
   EXPECT(schedule == NULL);
+
+  /* Beside po-f, what a recomputed entry keeps (its input) is offloaded before its RECOMPUTE. */
+  spec.recompute_chunks = 0;
+  spec.offload = "po-f";
+  EXPECT_OK(po_schedule_compile(&spec, &cost, &schedule));
+  if (schedule == NULL) return;
+  full = 0;
+  lean = 0; /* here: OFFLOADs */
+  for (d = 0; d < 4; ++d) {
+    EXPECT_OK(po_schedule_num_ops(schedule, d, &count));
+    for (i = 0; i < count; ++i) {
+      EXPECT_OK(po_schedule_ops(schedule, d, i, 1, &op));
+      full += op.kind == PO_OP_RECOMPUTE;
+      lean += op.kind == PO_OP_OFFLOAD;
+    }
+  }
+  EXPECT(full == 4 * 8 && lean > 0);
+  po_schedule_free(schedule);
+  schedule = NULL;
 }
 
 static void TestAuto(void) {

@@ -219,8 +219,9 @@ run(0 lean --stages 2 --microbatches 4 --unit-costs --recompute lean --recompute
     --format json)
 expect_contains("${lean}" "\"recompute\": \"lean\"" "--recompute lean")
 expect_contains("${lean}" "\"op\": \"RECOMPUTE_LEAN\"" "--recompute lean")
-run(2 mixed --stages 2 --microbatches 4 --policy po-h --recompute full)
-expect_contains("${mixed}" "one choice per entry" "--recompute with --policy po-h")
+run(0 mixed --stages 4 --microbatches 8 --policy po-f --recompute lean --unit-costs --format text)
+expect_contains("${mixed}" "RECOMPUTE_LEAN" "--recompute lean with --policy po-f")
+expect_contains("${mixed}" "OFFLOAD" "--recompute lean with --policy po-f")
 run(2 unused --stages 2 --microbatches 4 --recompute-fraction 0.5)
 expect_contains("${unused}" "--recompute-fraction is read only by --recompute lean or full"
                 "--recompute-fraction alone")

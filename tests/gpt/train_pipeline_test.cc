@@ -182,6 +182,31 @@ TEST_CASE("--recompute: RECOMPUTE ops before B, bitwise as keeping, lower measur
   }
 }
 
+TEST_CASE("--recompute beside po-f: what F keeps goes to the host and back, bitwise as keeping",
+          "[train][pipeline]") {
+  const TrainResult plain = Agreed(RunLocal(Options({"--schedule", "po-f"}), 4));
+  for (const char* mode : {"full", "lean"}) {
+    CAPTURE(mode);
+    const TrainResult alone =
+        Agreed(RunLocal(Options({"--schedule", "group-interleaved", "--recompute", mode}), 4));
+    const TrainResult both =
+        Agreed(RunLocal(Options({"--schedule", "po-f", "--recompute", mode, "--poison"}), 4));
+    CHECK(both.checksum == plain.checksum);
+    CHECK(both.losses == plain.losses);
+    CHECK(both.peaks_match);
+    std::int64_t offloaded = 0;
+    REQUIRE(both.stages.size() == alone.stages.size());
+    for (std::size_t d = 0; d < both.stages.size(); ++d) {
+      CAPTURE(d);
+      CHECK(both.stages[d].stash_peak_bytes == both.stages[d].predicted_stash_peak_bytes);
+      CHECK(both.stages[d].stash_peak_bytes <= alone.stages[d].stash_peak_bytes);
+      offloaded += both.stages[d].offloaded_bytes;
+    }
+    CHECK(offloaded > 0);
+    CHECK(both.stages[0].stash_peak_bytes < alone.stages[0].stash_peak_bytes);
+  }
+}
+
 TEST_CASE("--schedule auto keeps every stage's measured stash peak within --memory-budget",
           "[train][pipeline]") {
   const TrainResult plain = Agreed(RunLocal(Options({"--schedule", "group-interleaved"}), 4));

@@ -11,7 +11,8 @@
 //    1F1B without offload: the GPU kernels are deterministic whatever the split;
 //  - recompute (every entry, full or lean, split or not) under the executor: peaks as predicted
 //    and below keeping's (lean: on stage 0), full with keeping's bits, lean with its first
-//    step's losses.
+//    step's losses; with po-f on top the retained blocks go to the host and back, bits
+//    unchanged.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -280,6 +281,29 @@ TEST_CASE(
   for (std::size_t i = 0; i < keep.losses[0].size(); ++i) {
     CHECK(lean.losses[0][i] == keep.losses[0][i]);
     CHECK(lean.losses[1][i] == Approx(keep.losses[1][i]).epsilon(1e-3));
+  }
+}
+
+TEST_CASE(
+    "recompute with po-f on one GPU: retained blocks go to the host and back, the bits of "
+    "recompute alone, peaks as predicted",
+    "[gpt_cuda][gpt_cuda_pipeline][gpt_cuda_recompute]") {
+  // Issue 16's lever: F keeps the retained block, po-f offloads it, RECOMPUTE* reads it back.
+  const bool split = GENERATE(false, true);
+  CAPTURE(split);
+  for (const Recompute mode : {Recompute::kFull, Recompute::kLean}) {
+    CAPTURE(RecomputeName(mode));
+    const RunResult alone = TrainOnOneGpu(2, Family::kInterleaved, 2, split,
+                                          OffloadPolicy::kNone, false, mode);
+    const RunResult offloaded = TrainOnOneGpu(2, Family::kInterleaved, 2, split,
+                                              OffloadPolicy::kFull, false, mode);
+    CheckPeaksMatchPredictions(offloaded);
+    CHECK(offloaded.recompute_ops == alone.recompute_ops);
+    CHECK(offloaded.offloaded[0] > 0);
+    CHECK(offloaded.measured_peak[0] <= alone.measured_peak[0]);
+    // Copies move bytes only: every loss and parameter bit as recomputing without them.
+    CHECK(offloaded.losses == alone.losses);
+    CHECK(SameHashes(offloaded, alone));
   }
 }
 

@@ -134,23 +134,32 @@ def retained_sizes(plan, lean):
          recompute_chunks=1, split_backward=True),
     # auto's per-entry mix: offloaded, lean and full entries in one plan.
     dict(stages=2, microbatches=8, offload="auto", recompute="full",
-         memory_budget_bytes=int(0.6 * 2 * ENTRY)),
-], ids=["full-half", "lean", "interleaved-split", "auto-mix"])
+         memory_budget_bytes=int(0.4 * 2 * ENTRY)),
+    # Recompute with po-f beside it: retained blocks go to the host and back.
+    dict(stages=4, microbatches=8, recompute="lean", offload="po-f"),
+    dict(family="interleaved", stages=2, microbatches=8, chunks=2, recompute="full",
+         offload="po-f", split_backward=True),
+], ids=["full-half", "lean", "interleaved-split", "auto-mix", "lean-po-f", "full-po-f-split"])
 def test_replay_of_recompute_plans_is_the_compilers_in_bytes(spec):
     schedule = recompute_plan(**spec)
     plan = PipelinePlan.from_schedule(schedule)
     entry, lean = entry_and_lean_bytes(plan, spec.get("chunks", 1))
     retained = retained_sizes(plan, lean)
     assert retained, "the plan recomputes nothing"
+    kinds = {a.kind for program in plan.programs for a in program}
     if spec.get("offload") == "auto":
-        kinds = {a.kind for program in plan.programs for a in program}
         assert {"OFFLOAD", "RECOMPUTE", "RECOMPUTE_LEAN"} <= kinds
+    if spec.get("offload") == "po-f":
+        assert "OFFLOAD" in kinds
     sizes = {(d, c, mb): (entry,) for d in range(plan.num_stages)
              for c in range(plan.chunks_per_stage) for mb in range(plan.num_microbatches)}
     result = replay(plan, entry_sizes=sizes, retained_sizes=retained)
     for d, predicted in enumerate(schedule.predictions.stages):
         assert result.device[d].peak_units == predicted.peak_units, f"stage {d}"
         assert result.device[d].peak_bytes == predicted.peak_bytes, f"stage {d}"
+        if "OFFLOAD" in kinds:  # host copies: whole entries, or retained blocks
+            host = result.host[d].peak_bytes if d in result.host else 0
+            assert host == predicted.host_bytes, f"stage {d}"
     # Counted as if nothing were dropped, the same plan needs more (what replay said before).
     as_kept = replay(plan, entry_sizes=sizes)
     assert max(u.peak_bytes for u in as_kept.device.values()) > max(
@@ -170,19 +179,41 @@ def test_ledger_walks_a_recomputed_entry():
     ledger.finish()
 
 
+def test_ledger_walks_a_recomputed_entry_whose_retained_block_is_offloaded():
+    key = (0, 0, 0)
+    ledger = StashLedger(split_backward=False, entry_bytes=lambda k: 10,
+                         recomputed={key: "RECOMPUTE_LEAN"}, retained_bytes=lambda k: 4)
+    states = [ledger.apply(kind, key)
+              for kind in ("F", "OFFLOAD", "RELEASE", "RELOAD", "RECOMPUTE_LEAN", "B")]
+    assert states == ["RETAINED", "RETAINED_COPYING_OUT", "RETAINED_ON_HOST",
+                      "RETAINED_RELOADED", "DEVICE", "FREED"]
+    # 4 bytes from F to RELEASE and again from RELOAD; 4 + 10 while the recompute runs.
+    assert (ledger.device[0].peak_units, ledger.device[0].peak_bytes) == (1, 14)
+    # The host holds the 4-byte block from OFFLOAD to the recompute.
+    assert (ledger.host[0].peak_units, ledger.host[0].peak_bytes) == (1, 4)
+    assert (ledger.host[0].units, ledger.host[0].bytes) == (0, 0)
+    ledger.finish()
+    with pytest.raises(PlanError, match=r"B of \(mb 0, chunk 0\) while the entry is "
+                                        r"RETAINED_RELOADED"):
+        other = StashLedger(split_backward=False, recomputed={key: "RECOMPUTE"})
+        for kind in ("F", "OFFLOAD", "RELEASE", "RELOAD", "B"):
+            other.apply(kind, key)
+
+
 def test_ledger_refuses_recompute_ops_it_was_not_told_of():
     ledger = StashLedger(split_backward=False, recomputed={(0, 0, 1): "RECOMPUTE_LEAN"})
     ledger.apply("F", (0, 0, 0))
     with pytest.raises(PlanError, match=r"RECOMPUTE of \(mb 0, chunk 0\) while the entry is "
-                                        r"DEVICE; RECOMPUTE needs it RETAINED"):
+                                        r"DEVICE; RECOMPUTE needs it RETAINED or "
+                                        r"RETAINED_RELOADED"):
         ledger.apply("RECOMPUTE", (0, 0, 0))
     ledger.apply("F", (0, 0, 1))
     with pytest.raises(PlanError, match=r"RECOMPUTE of \(mb 1, chunk 0\), which the ledger was "
                                         r"told is RECOMPUTE_LEAN"):
         ledger.apply("RECOMPUTE", (0, 0, 1))
-    with pytest.raises(PlanError, match=r"OFFLOAD of \(mb 1, chunk 0\) while the entry is "
+    with pytest.raises(PlanError, match=r"RELOAD of \(mb 1, chunk 0\) while the entry is "
                                         r"RETAINED"):
-        ledger.apply("OFFLOAD", (0, 0, 1))
+        ledger.apply("RELOAD", (0, 0, 1))
 
 
 class FakeEvent:

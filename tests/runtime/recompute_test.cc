@@ -2,16 +2,20 @@
 // the lean layout or from the chunk's input, or a mix per entry, run the toy model bitwise
 // equal to the single-process reference (so to no recompute), with and without split backward,
 // on 1F1B and interleaved; each stage's measured stash high-water mark equals the simulator's
-// predicted peak_bytes exactly, and stage 0's peak is below the no-recompute one. A model that
-// does not offer a mode is refused before anything runs.
+// predicted peak_bytes exactly, and stage 0's peak is below the no-recompute one; with po-f on
+// top the retained blocks travel to the host and back, bytes as predicted. A model that does
+// not offer a mode is refused before anything runs.
 #include <algorithm>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/runtime.h"
 #include "pipeoffload/simulate.h"
 #include "pipeoffload/validate.h"
+#include "schedules/offload_planner.h"
 #include "tests/runtime/toy_model.h"
 #include "tests/testing/catch.h"
 
@@ -121,11 +125,26 @@ int CountRecomputeOps(const Schedule& schedule, OpKind kind) {
   return count;
 }
 
-TEST_CASE("recomputed schedules run bitwise equal to the reference with exact stash peaks",
-          "[runtime][recompute]") {
+// Runs `schedule` on the toy model (kWidth, kExtraWords): every stage must succeed and the
+// gradients equal the single-process reference's. Returns each stage's outcome.
+std::vector<StageOutcome> RunBitwise(const Schedule& schedule) {
   HarnessOptions options;
   options.width = kWidth;
   options.extra_words = kExtraWords;
+  const std::vector<StageOutcome> outcomes = RunToyPipeline(schedule, options);
+  for (std::size_t d = 0; d < outcomes.size(); ++d) {
+    INFO("stage " << d << ": " << outcomes[d].status.ToString());
+    REQUIRE(outcomes[d].status.ok());
+  }
+  const PipelineSpec& spec = schedule.spec;
+  CHECK(GradsByVirtualStage(outcomes, spec.num_stages, spec.chunks_per_stage) ==
+        ToyReference(ToyConfig{spec.num_stages, spec.chunks_per_stage, spec.num_microbatches,
+                               kWidth, kExtraWords}));
+  return outcomes;
+}
+
+TEST_CASE("recomputed schedules run bitwise equal to the reference with exact stash peaks",
+          "[runtime][recompute]") {
   for (const Family family : {Family::k1F1B, Family::kInterleaved}) {
     const int chunks = family == Family::k1F1B ? 1 : 2;
     for (const bool split : {false, true}) {
@@ -146,13 +165,7 @@ TEST_CASE("recomputed schedules run bitwise equal to the reference with exact st
           case Pick::kFull: CHECK((full == entries && lean == 0)); break;
           case Pick::kMixed: CHECK((full > 0 && lean > 0 && full + lean < entries)); break;
         }
-        const std::vector<StageOutcome> outcomes = RunToyPipeline(*schedule, options);
-        for (std::size_t d = 0; d < outcomes.size(); ++d) {
-          INFO("stage " << d << ": " << outcomes[d].status.ToString());
-          REQUIRE(outcomes[d].status.ok());
-        }
-        CHECK(GradsByVirtualStage(outcomes, kStages, chunks) ==
-              ToyReference(ToyConfig{kStages, chunks, kMicrobatches, kWidth, kExtraWords}));
+        const std::vector<StageOutcome> outcomes = RunBitwise(*schedule);
         for (int d = 0; d < kStages; ++d) {
           CAPTURE(d);
           const StagePrediction& predicted =
@@ -179,33 +192,50 @@ TEST_CASE("recomputed schedules run bitwise equal to the reference with exact st
   }
 }
 
+// One stage, one chunk, two microbatches running `ops`, every entry recomputed in `mode`:
+// the schedule (validated) and a cost model with the toy's exact saved and retained bytes.
+struct HandCase {
+  Schedule schedule;
+  CostModel cost;
+  std::int64_t saved = 0, retained = 0;
+};
+HandCase OneStageHandCase(Recompute mode, std::vector<Op> ops) {
+  const Case c{Family::k1F1B, 1, false, mode == Recompute::kLean ? Pick::kLean : Pick::kFull};
+  const ToyStageModel model(ToyConfig{1, 1, 2, kWidth, kExtraWords}, 0);
+  HandCase hand;
+  hand.saved = model.SavedBytes(0, false);
+  hand.retained = model.RetainedBytes(0, mode, false);
+  hand.schedule.spec = CaseSpec(c);
+  hand.schedule.spec.num_stages = 1;
+  hand.schedule.spec.num_microbatches = 2;
+  hand.schedule.stages = {StageProgram{0, std::move(ops)}};
+  REQUIRE(Validate(hand.schedule).ok());
+  hand.cost = ToyCosts(c);
+  hand.cost.activation_bytes_per_virtual_stage = {hand.saved};
+  hand.cost.retained_full_bytes_per_virtual_stage.clear();
+  hand.cost.retained_lean_bytes_per_virtual_stage.clear();
+  (mode == Recompute::kLean ? hand.cost.retained_lean_bytes_per_virtual_stage
+                            : hand.cost.retained_full_bytes_per_virtual_stage) = {hand.retained};
+  return hand;
+}
+
 TEST_CASE("a full recompute's stash peak is exact by hand", "[runtime][recompute]") {
   // One stage, one chunk, 2 microbatches, every entry recomputed in full: F0 F1 (two retained
   // blocks), then RECOMPUTE0 (+ a full entry while both retained blocks live), B0 frees it.
-  const Case c{Family::k1F1B, 1, false, Pick::kFull};
+  const HandCase hand = OneStageHandCase(
+      Recompute::kFull, {{OpKind::kForward, 0, 0, -1},
+                         {OpKind::kForward, 1, 0, -1},
+                         {OpKind::kRecompute, 0, 0, -1},
+                         {OpKind::kBackward, 0, 0, -1},
+                         {OpKind::kRecompute, 1, 0, -1},
+                         {OpKind::kBackward, 1, 0, -1}});
   const ToyConfig config{1, 1, 2, kWidth, kExtraWords};
-  const ToyStageModel model(config, 0);
-  const std::int64_t saved = model.SavedBytes(0, false);
-  const std::int64_t retained = model.RetainedBytes(0, Recompute::kFull, false);
+  const std::int64_t saved = hand.saved;
+  const std::int64_t retained = hand.retained;
   REQUIRE(saved == 4 * (3 + kWidth + kExtraWords));
   REQUIRE(retained == 4 * (3 + kWidth));
-  Schedule schedule;
-  schedule.spec = CaseSpec(c);
-  schedule.spec.num_stages = 1;
-  schedule.spec.num_microbatches = 2;
-  schedule.stages = {StageProgram{0,
-                                  {{OpKind::kForward, 0, 0, -1},
-                                   {OpKind::kForward, 1, 0, -1},
-                                   {OpKind::kRecompute, 0, 0, -1},
-                                   {OpKind::kBackward, 0, 0, -1},
-                                   {OpKind::kRecompute, 1, 0, -1},
-                                   {OpKind::kBackward, 1, 0, -1}}}};
-  REQUIRE(Validate(schedule).ok());
-  CostModel cost = ToyCosts(Case{Family::k1F1B, 1, false, Pick::kFull});
-  cost.activation_bytes_per_virtual_stage = {saved};
-  cost.retained_full_bytes_per_virtual_stage = {retained};
-  cost.retained_lean_bytes_per_virtual_stage = {};
-  absl::StatusOr<Timeline> timeline = Simulate(schedule, cost);
+  const Schedule& schedule = hand.schedule;
+  absl::StatusOr<Timeline> timeline = Simulate(schedule, hand.cost);
   REQUIRE(timeline.ok());
   CHECK(timeline->predictions.stages[0].peak_bytes == 2 * retained + saved);
   CHECK(timeline->predictions.stages[0].peak_units == 2);
@@ -229,9 +259,6 @@ TEST_CASE("auto's per-entry mix of offload and recompute runs bitwise with exact
           "[runtime][recompute][mix]") {
   // Below what full offload reaches on its own, auto keeps, offloads or recomputes each entry
   // (schedules/recompute_mix.h); the CPU run carries out all three in one program.
-  HarnessOptions options;
-  options.width = kWidth;
-  options.extra_words = kExtraWords;
   for (const bool split : {false, true}) {
     const Case c{Family::kInterleaved, 2, split, Pick::kKeep};
     INFO(Name(c));
@@ -255,13 +282,7 @@ TEST_CASE("auto's per-entry mix of offload and recompute runs bitwise with exact
     CHECK(CountRecomputeOps(*schedule, OpKind::kRecompute) +
               CountRecomputeOps(*schedule, OpKind::kRecomputeLean) >
           0);
-    const std::vector<StageOutcome> outcomes = RunToyPipeline(*schedule, options);
-    for (std::size_t d = 0; d < outcomes.size(); ++d) {
-      INFO("stage " << d << ": " << outcomes[d].status.ToString());
-      REQUIRE(outcomes[d].status.ok());
-    }
-    CHECK(GradsByVirtualStage(outcomes, kStages, c.chunks) ==
-          ToyReference(ToyConfig{kStages, c.chunks, kMicrobatches, kWidth, kExtraWords}));
+    const std::vector<StageOutcome> outcomes = RunBitwise(*schedule);
     for (int d = 0; d < kStages; ++d) {
       CAPTURE(d);
       const StagePrediction& predicted = schedule->predictions->stages[static_cast<std::size_t>(d)];
@@ -272,6 +293,123 @@ TEST_CASE("auto's per-entry mix of offload and recompute runs bitwise with exact
       CHECK(outcomes[static_cast<std::size_t>(d)].arena_in_use_after == 0);
     }
   }
+}
+
+// Every stage's measured stash high-water mark (bytes and entries) and D2H and H2D bytes are
+// the prediction, and its arena is empty after the step.
+void CheckStagesAsPredicted(const Schedule& schedule, const std::vector<StageOutcome>& outcomes) {
+  for (std::size_t d = 0; d < outcomes.size(); ++d) {
+    CAPTURE(d);
+    const StagePrediction& predicted = schedule.predictions->stages[d];
+    const IterationStats& measured = outcomes[d].iterations[0];
+    CHECK(measured.stash_high_water_bytes == predicted.peak_bytes);
+    CHECK(measured.stash_high_water_entries == predicted.peak_units);
+    CHECK(measured.offloaded_bytes == predicted.offloaded_bytes);
+    CHECK(measured.reloaded_bytes == predicted.offloaded_bytes);
+    CHECK(outcomes[d].arena_in_use_after == 0);
+  }
+}
+
+// Recomputed entries of (family, chunks, split) with po-f on top: every entry `pick` chooses
+// (lean, full, or MixedChoice's per-entry mix), and the planner's candidates for them are
+// their retained blocks.
+absl::StatusOr<Schedule> OffloadedRecomputeSchedule(const Case& c) {
+  const CostModel cost = ToyCosts(c);
+  PipelineSpec spec = CaseSpec(c);
+  spec.offload = OffloadPolicy::kFull;
+  if (c.pick != Pick::kMixed) return Compile(spec, cost);
+  PipelineSpec plain = spec;
+  plain.offload = OffloadPolicy::kNone;
+  absl::StatusOr<Schedule> order = Compile(plain, cost);
+  if (!order.ok()) return order.status();
+  return internal::CompileWithRecompute(spec, cost, MixedChoice(*order));
+}
+
+// How many OFFLOADs of `schedule` move a recomputed entry's retained block.
+int RetainedOffloads(const Schedule& schedule) {
+  int count = 0;
+  for (const StageProgram& program : schedule.stages) {
+    std::set<std::pair<int, int>> recomputed;
+    for (const Op& op : program.ops) {
+      if (IsRecompute(op.kind)) recomputed.insert({op.mb, op.chunk});
+    }
+    for (const Op& op : program.ops) {
+      count += op.kind == OpKind::kOffload && recomputed.count({op.mb, op.chunk}) != 0;
+    }
+  }
+  return count;
+}
+
+TEST_CASE("retained blocks offloaded under po-f run bitwise equal with exact peaks and bytes",
+          "[runtime][recompute][offload]") {
+  // Issue 16's lever: recompute lean (or full) and offload what F kept. Every stage's stash
+  // high-water mark and D2H bytes equal the simulator's, the gradients the reference's, and
+  // the retained offload lowers stage 0's peak below recompute alone.
+  for (const Family family : {Family::k1F1B, Family::kInterleaved}) {
+    const int chunks = family == Family::k1F1B ? 1 : 2;
+    for (const bool split : {false, true}) {
+      for (const Pick pick : {Pick::kLean, Pick::kFull, Pick::kMixed}) {
+        const Case c{family, chunks, split, pick};
+        INFO(Name(c));
+        absl::StatusOr<Schedule> schedule = OffloadedRecomputeSchedule(c);
+        INFO(schedule.status().ToString());
+        REQUIRE(schedule.ok());
+        REQUIRE(Validate(*schedule).ok());
+        CHECK(RetainedOffloads(*schedule) > 0);
+        const std::vector<StageOutcome> outcomes = RunBitwise(*schedule);
+        CheckStagesAsPredicted(*schedule, outcomes);
+        if (pick != Pick::kMixed) {
+          absl::StatusOr<Schedule> alone = Compile(CaseSpec(c), ToyCosts(c));
+          REQUIRE(alone.ok());
+          CHECK(schedule->predictions->stages[0].peak_bytes <
+                alone->predictions->stages[0].peak_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("an offloaded retained block's bytes and host slot are exact by hand",
+          "[runtime][recompute][offload]") {
+  // One stage, 2 microbatches, both recomputed lean: F0 keeps its lean block, which goes to
+  // the host and back before RECOMPUTE_LEAN0 rebuilds the entry.
+  const HandCase hand = OneStageHandCase(
+      Recompute::kLean, {{OpKind::kForward, 0, 0, -1},
+                         {OpKind::kOffload, 0, 0, -1},
+                         {OpKind::kRelease, 0, 0, -1},
+                         {OpKind::kForward, 1, 0, -1},
+                         {OpKind::kReload, 0, 0, -1},
+                         {OpKind::kRecomputeLean, 0, 0, -1},
+                         {OpKind::kBackward, 0, 0, -1},
+                         {OpKind::kRecomputeLean, 1, 0, -1},
+                         {OpKind::kBackward, 1, 0, -1}});
+  const ToyConfig config{1, 1, 2, kWidth, kExtraWords};
+  const std::int64_t saved = hand.saved;
+  const std::int64_t lean = hand.retained;
+  REQUIRE(lean < saved);
+  const Schedule& schedule = hand.schedule;
+  absl::StatusOr<Timeline> timeline = Simulate(schedule, hand.cost);
+  REQUIRE(timeline.ok());
+  const StagePrediction& predicted = timeline->predictions.stages[0];
+  CHECK(predicted.peak_bytes == 2 * lean + saved);
+  CHECK(predicted.offloaded_bytes == lean);
+  CHECK(predicted.host_bytes == lean);
+  CHECK(timeline->predictions.links[0].bytes_d2h == lean);
+  CHECK(timeline->predictions.links[0].bytes_h2d == lean);
+  HarnessOptions options;
+  options.width = kWidth;
+  options.extra_words = kExtraWords;
+  const std::vector<StageOutcome> outcomes = RunToyPipeline(schedule, options);
+  REQUIRE(outcomes[0].status.ok());
+  const IterationStats& measured = outcomes[0].iterations[0];
+  CHECK(measured.stash_high_water_bytes == 2 * lean + saved);
+  CHECK(measured.offloaded_bytes == lean);
+  CHECK(GradsByVirtualStage(outcomes, 1, 1) == ToyReference(config));
+  std::vector<std::int64_t> bytes;
+  for (const MemorySample& sample : measured.memory) bytes.push_back(sample.bytes);
+  // F0; RELEASE0; F1; RELOAD0; RECOMPUTE0 grows, drops; B0; RECOMPUTE1 grows, drops; B1.
+  CHECK(bytes == std::vector<std::int64_t>{0, lean, 0, lean, 2 * lean, 2 * lean + saved,
+                                           lean + saved, lean, lean + saved, saved, 0});
 }
 
 // The toy model without its recompute hooks: StageModel's defaults.

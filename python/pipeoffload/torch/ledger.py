@@ -7,7 +7,9 @@ Invariants (the tests check these sentences):
     (RELEASE) -> RELOADED (RELOAD) -> BACKWARD_DONE (B, split backward only) -> FREED (B, or W
     when split); an entry that is not offloaded goes DEVICE -> [BACKWARD_DONE ->] FREED; a
     recomputed entry goes NEW -> RETAINED (F) -> DEVICE (RECOMPUTE or RECOMPUTE_LEAN) ->
-    [BACKWARD_DONE ->] FREED. Any other move raises PlanError naming the entry, the op and the
+    [BACKWARD_DONE ->] FREED, and when its retained block is offloaded RETAINED ->
+    RETAINED_COPYING_OUT (OFFLOAD) -> RETAINED_ON_HOST (RELEASE) -> RETAINED_RELOADED (RELOAD)
+    -> DEVICE (the RECOMPUTE). Any other move raises PlanError naming the entry, the op and the
     state it was in.
   - Device residency: an entry counts from F until RELEASE and from RELOAD until it is freed
     (B, or W when split), as the compiler counts its stash peak (peak_units, simulate.h). A
@@ -17,7 +19,8 @@ Invariants (the tests check these sentences):
     RELEASE drops the device copy without waiting; the memory comes back once the D2H copy has
     finished, which the runtime, not the ledger, enforces.
   - Host residency: an entry holds its host buffers from OFFLOAD until its B, which runs only
-    after the reload's H2D copy (the last use of those buffers) has been waited for.
+    after the reload's H2D copy (the last use of those buffers) has been waited for; a
+    recomputed entry's retained block holds its own (the retained bytes) until the RECOMPUTE.
   - At the end of an iteration every entry is FREED (finish() raises otherwise).
 """
 import collections
@@ -28,21 +31,27 @@ from .plan import RECOMPUTE_KINDS, PlanError
 
 NEW, RETAINED, DEVICE, COPYING_OUT, ON_HOST, RELOADED, BACKWARD_DONE, FREED = (
     "NEW", "RETAINED", "DEVICE", "COPYING_OUT", "ON_HOST", "RELOADED", "BACKWARD_DONE", "FREED")
+# A recomputed entry's retained block on its way to the host and back.
+RETAINED_COPYING_OUT, RETAINED_ON_HOST, RETAINED_RELOADED = (
+    "RETAINED_COPYING_OUT", "RETAINED_ON_HOST", "RETAINED_RELOADED")
 
 # op -> {state before: state after}; F's target depends on whether the entry is recomputed and
 # B's on split backward (see StashLedger.apply).
 _MOVES = {
     "F": {NEW: DEVICE},
-    "RECOMPUTE": {RETAINED: DEVICE},
-    "RECOMPUTE_LEAN": {RETAINED: DEVICE},
-    "OFFLOAD": {DEVICE: COPYING_OUT},
-    "RELEASE": {COPYING_OUT: ON_HOST},
-    "RELOAD": {ON_HOST: RELOADED},
+    "RECOMPUTE": {RETAINED: DEVICE, RETAINED_RELOADED: DEVICE},
+    "RECOMPUTE_LEAN": {RETAINED: DEVICE, RETAINED_RELOADED: DEVICE},
+    "OFFLOAD": {DEVICE: COPYING_OUT, RETAINED: RETAINED_COPYING_OUT},
+    "RELEASE": {COPYING_OUT: ON_HOST, RETAINED_COPYING_OUT: RETAINED_ON_HOST},
+    "RELOAD": {ON_HOST: RELOADED, RETAINED_ON_HOST: RETAINED_RELOADED},
     "B": {DEVICE: FREED, RELOADED: FREED},
     "W": {BACKWARD_DONE: FREED},
 }
-_ON_DEVICE = (RETAINED, DEVICE, COPYING_OUT, RELOADED, BACKWARD_DONE)
-_ON_HOST = (COPYING_OUT, ON_HOST, RELOADED)
+_RETAINED_STATES = (RETAINED, RETAINED_COPYING_OUT, RETAINED_ON_HOST, RETAINED_RELOADED)
+_ON_DEVICE = (RETAINED, RETAINED_COPYING_OUT, RETAINED_RELOADED, DEVICE, COPYING_OUT, RELOADED,
+              BACKWARD_DONE)
+_ON_HOST = (COPYING_OUT, ON_HOST, RELOADED, RETAINED_COPYING_OUT, RETAINED_ON_HOST,
+            RETAINED_RELOADED)
 
 
 @dataclasses.dataclass
@@ -105,27 +114,27 @@ class StashLedger:
         self.state[key] = after
         return after
 
-    def _device_bytes(self, key, state):
-        if state not in _ON_DEVICE:
-            return 0
-        return self._retained_bytes(key) if state == RETAINED else self._entry_bytes(key)
+    def block_bytes(self, key, state):
+        """Bytes of the block entry `key` holds in `state`: its retained block before the
+        RECOMPUTE of a recomputed entry, else the whole entry."""
+        return self._retained_bytes(key) if state in _RETAINED_STATES else self._entry_bytes(key)
 
     def _account(self, key, before, after):
-        nbytes = self._entry_bytes(key)
         stage = key[0]
         device_change = (after in _ON_DEVICE) - (before in _ON_DEVICE)
         host_change = (after in _ON_HOST) - (before in _ON_HOST)
-        if before == RETAINED and after == DEVICE:
+        if before in (RETAINED, RETAINED_RELOADED) and after == DEVICE:
             # The recompute rebuilds the whole entry while its retained block is still there,
             # then drops the block (the runtime's Regrow / DropRetained): the peak sees both.
             for usage in (self.device[stage], self.device_total):
-                usage.add(0, nbytes)
+                usage.add(0, self._entry_bytes(key))
                 usage.add(0, -self._retained_bytes(key))
         elif device_change:
-            change = self._device_bytes(key, after) - self._device_bytes(key, before)
+            change = device_change * self.block_bytes(key, before if device_change < 0 else after)
             self.device[stage].add(device_change, change)
             self.device_total.add(device_change, change)
         if host_change:
+            nbytes = self.block_bytes(key, before if host_change < 0 else after)
             self.host[stage].add(host_change, host_change * nbytes)
             self.host_total.add(host_change, host_change * nbytes)
 
@@ -174,17 +183,21 @@ def replay(plan, order=None, entry_sizes=None, retained_sizes=None) -> Replay:
                          retained_bytes=lambda key: retained.get(key, entry_bytes(key)))
     in_use = collections.Counter()
     buffers_peak = collections.Counter()
+    def host_tensors(key, state):
+        # A retained block travels as one block of its bytes.
+        return (ledger.block_bytes(key, state),) if state in _RETAINED_STATES else tensors(key)
+
     for action in (order if order is not None else plan.single_process_order()):
         if action.kind not in _MOVES:
             continue
         before = ledger.state[action.key]
         ledger.apply(action.kind, action.key)
         if action.kind == "OFFLOAD":
-            for size in tensors(action.key):
+            for size in host_tensors(action.key, before):
                 in_use[size] += 1
                 buffers_peak[size] = max(buffers_peak[size], in_use[size])
-        elif action.kind == "B" and before == RELOADED:
-            for size in tensors(action.key):
+        elif before in (RELOADED, RETAINED_RELOADED) and action.kind != "W":
+            for size in host_tensors(action.key, before):
                 in_use[size] -= 1
     ledger.finish()
     return Replay(dict(ledger.device), dict(ledger.host), ledger.device_total,

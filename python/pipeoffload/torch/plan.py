@@ -128,9 +128,11 @@ class PipelinePlan:
     def _check_program(self, stage):
         # Per entry, the kinds seen so far, in order; the allowed next kinds follow
         # F < OFFLOAD < RELEASE < RELOAD < B (< W) with the offload triple optional.
-        # A recomputed entry runs F < RECOMPUTE* < B instead (one choice per entry).
+        # A recomputed entry runs F [< OFFLOAD < RELEASE < RELOAD] < RECOMPUTE* < B: the
+        # triple then moves its retained block.
         allowed_after = {None: ("F",), "F": ("OFFLOAD", "B") + RECOMPUTE_KINDS,
-                         "OFFLOAD": ("RELEASE",), "RELEASE": ("RELOAD",), "RELOAD": ("B",),
+                         "OFFLOAD": ("RELEASE",), "RELEASE": ("RELOAD",),
+                         "RELOAD": ("B",) + RECOMPUTE_KINDS,
                          "RECOMPUTE": ("B",), "RECOMPUTE_LEAN": ("B",), "B": ("W",), "W": ()}
         last: Dict[Tuple[int, int, int], Optional[str]] = {}
         seen = set()
@@ -147,7 +149,7 @@ class PipelinePlan:
                     f"stage {stage}, op {index}: {action} after "
                     f"{previous or 'nothing'} of that entry; an entry runs "
                     "F < OFFLOAD < RELEASE < RELOAD < B (< W), the offload triple optional, "
-                    "or F < RECOMPUTE / RECOMPUTE_LEAN < B (< W)")
+                    "or F < [OFFLOAD < RELEASE < RELOAD <] RECOMPUTE / RECOMPUTE_LEAN < B (< W)")
             last[action.key] = action.kind
         final = "W" if self.split_backward else "B"
         expected = {(stage, c, mb) for c in range(self.chunks_per_stage)
