@@ -117,6 +117,8 @@ absl::Status CheckModel(const BenchOptions& options, const Layout& layout) {
 ChunkCosts EstimatedCosts(const BenchOptions& options, const Layout& layout) {
   ChunkCosts costs;
   costs.times = EstimatedChunkTimes(options);
+  costs.recompute_full_s = options.recompute_ms / 1e3;  // 0: the cost model derives them
+  costs.recompute_lean_s = options.lean_ms / 1e3;
   const GemmShape gemm = GemmShapeOf(options, layout);
   costs.saved_bytes = gemm.SavedBytes();
   costs.boundary_bytes = gemm.BoundaryBytes();
@@ -342,16 +344,17 @@ absl::StatusOr<StepResult> RunStep(LocalPipeline& pipeline, Backend& clock) {
 }
 
 // Every stage of `plan` as the bench runs it: the plan's schedule as given, the arenas exactly
-// the programs' need (BenchArenaSizing), no poisoning (no fill kernels on release).
+// the programs' need (BenchArenaSizing: with a spare entry where they recompute), no
+// poisoning (no fill kernels on release).
 StageOptions RunOptions(const BenchOptions& options, const PlannedPolicy& plan) {
   StageOptions stage;
   stage.schedule = plan.schedule;
   stage.costs.source = CostSource::kGiven;
   stage.costs.given = plan.solo;
-  stage.arena = BenchArenaSizing();
+  stage.arena = BenchArenaSizing(plan.schedule);
   stage.p2p_reserve = options.p2p_reserve_worst ? P2PReserve::kWorstCase : P2PReserve::kPlanned;
   stage.poison_on_free = false;
-  stage.executor.wait_timeout_seconds = kWaitTimeoutSeconds;
+  stage.executor.wait_timeout_seconds = options.wait_timeout_s;
   stage.executor.stash.wait_for_copy_at_release = options.release_wait;
   stage.executor.stash_physical_slack_bytes = options.release_uncapped ? -1 : 0;
   return stage;
@@ -495,14 +498,19 @@ absl::Status DryRun(const BenchOptions& options) {
   const Layout layout = PolicyLayout(options, "none");
   PO_RETURN_IF_ERROR(CheckModel(options, layout));
   const ChunkCosts costs = EstimatedCosts(options, layout);
-  std::printf("(--dry-run: F and B %s, link 55.3/55.3/46 GB/s; one-GPU steps from these solo "
+  // The link as given (--pcie-gbs and --duplex-gbs), else the H200's nominal figures.
+  LinkFigures link;
+  if (options.pcie_gbs > 0) link.d2h = link.h2d = options.pcie_gbs * 1e9;
+  if (options.duplex_gbs > 0) link.duplex = options.duplex_gbs * 1e9;
+  std::printf("(--dry-run: F and B %s, link %.1f/%.1f/%.1f GB/s; one-GPU steps from these solo "
               "costs: the calibrated ones need a measured 1f1b step)\n",
-              options.forward_ms > 0 ? "as given" : "estimated at 600 TFLOP/s");
+              options.forward_ms > 0 ? "as given" : "estimated at 600 TFLOP/s", link.d2h / 1e9,
+              link.h2d / 1e9, link.duplex / 1e9);
   BenchOptions each = options;
   bool failed = false;
   for (const std::string& policy : options.policies) {
     each.policies = {policy};
-    absl::StatusOr<std::vector<PlannedPolicy>> plans = PlanPolicies(each, costs, LinkFigures{});
+    absl::StatusOr<std::vector<PlannedPolicy>> plans = PlanPolicies(each, costs, link);
     if (!plans.ok()) {
       std::printf("%s: %s\n", policy.c_str(), plans.status().ToString().c_str());
       failed = true;

@@ -7,10 +7,12 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "lib/base/check.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/planning.h"
@@ -45,21 +47,31 @@ absl::Status ParseDoubleFlag(const std::string& flag, const std::string& value, 
   return absl::OkStatus();
 }
 
-bool KnownBase(const std::string& name) {
-  return name == "1f1b" || name == "none" || name == "po-h" || name == "po-f" ||
-         name == "selective" || name == "auto" || name == "recompute-full" ||
-         name == "recompute-lean";
-}
+// recompute-MODE and recompute-MODE+po-f: every entry recomputed, and with +po-f what F
+// keeps offloaded where the link carries it (issue 16).
+constexpr char kWithPoF[] = "+po-f";
 
 bool IsRecomputePolicy(const std::string& base) {
-  return base == "recompute-full" || base == "recompute-lean";
+  return absl::StartsWith(base, "recompute-full") || absl::StartsWith(base, "recompute-lean");
+}
+
+// The recompute part of a recompute policy: "recompute-lean+po-f" -> "recompute-lean".
+std::string RecomputePart(const std::string& base) {
+  return std::string(absl::StripSuffix(base, kWithPoF));
+}
+
+bool KnownBase(const std::string& name) {
+  const std::string recompute = RecomputePart(name);
+  return name == "1f1b" || name == "none" || name == "po-h" || name == "po-f" ||
+         name == "selective" || name == "auto" || recompute == "recompute-full" ||
+         recompute == "recompute-lean";
 }
 
 bool KnownPolicy(const std::string& name) {
   const PolicyName split = SplitPolicyName(name);
   if (!KnownBase(split.base)) return false;
-  const bool offloads =
-      split.base != "1f1b" && split.base != "none" && !IsRecomputePolicy(split.base);
+  const bool offloads = split.base != "1f1b" && split.base != "none" &&
+                        (!IsRecomputePolicy(split.base) || absl::EndsWith(split.base, kWithPoF));
   if (split.scale < 0.0 || (!offloads && (split.scale != 0.0 || split.link_suffix))) return false;
   return split.scale == 0.0 || split.scale >= 1.0;
 }
@@ -73,9 +85,9 @@ PipelineSpec PolicySpec(const BenchOptions& options, const std::string& name,
   spec.num_microbatches = options.Microbatches();
   spec.chunks_per_stage = layout.chunks;
   if (policy == "1f1b" || policy == "none" || IsRecomputePolicy(policy)) {
-    spec.offload = OffloadPolicy::kNone;
-    if (policy == "recompute-full") spec.recompute = Recompute::kFull;
-    if (policy == "recompute-lean") spec.recompute = Recompute::kLean;
+    spec.offload = absl::EndsWith(policy, kWithPoF) ? OffloadPolicy::kFull : OffloadPolicy::kNone;
+    if (RecomputePart(policy) == "recompute-full") spec.recompute = Recompute::kFull;
+    if (RecomputePart(policy) == "recompute-lean") spec.recompute = Recompute::kLean;
   } else {
     spec.offload = *OffloadPolicyFromName(policy);
   }
@@ -114,14 +126,18 @@ const char kBenchUsage[] =
     "  [--family=1f1b|interleaved|group-interleaved] [--chunks=1]\n"
     "  [--policy=P | --policies=P,P,...|all] (P: 1f1b|none|po-h|po-f|selective|auto|\n"
     "   recompute-full|recompute-lean (every entry recomputed before its B from the chunk's\n"
-    "   input / the lean layout; auto may recompute too where the model offers it), an\n"
+    "   input / the lean layout; auto may recompute too where the model offers it),\n"
+    "   recompute-full+po-f|recompute-lean+po-f (the same, what F keeps offloaded), an\n"
     "   offload policy optionally @C to plan it at compute factor C and/or :shared to plan it\n"
     "   on one link shared by the p stages (BARRIER hand-overs) instead of the default link\n"
     "   split p ways (:split, accepted, is the default); all = 1f1b,none,po-h,po-f,selective,\n"
     "   auto)\n"
     "  [--offload-fraction=0.5] [--budget-gb=G | --budget-fraction=0.5] [--steps=5]\n"
-    "  [--warmup=2] [--reps=5] [--pcie-gbs=G] [--duplex-gbs=G] (0 = measure)\n"
+    "  [--warmup=2] [--reps=5] [--pcie-gbs=G] [--duplex-gbs=G] (0 = measure; --dry-run: the\n"
+    "   H200's 55.3 and 46)\n"
     "  [--planner-scale=C (0 = search 1..p)] [--sim-tolerance=0.01]\n"
+    "  [--wait-timeout=120] (seconds a stage waits on a copy, message or the GPU before it\n"
+    "   stops, naming the op)\n"
     "  [--release=defer|wait|defer-uncapped] (RELEASE frees its device block once the D2H copy\n"
     "   ends without blocking the stage, an allocation past the predicted stash peak waiting\n"
     "   instead; or host-waits the copy first: the blocking RELEASE, to A/B; or defers without\n"
@@ -129,7 +145,9 @@ const char kBenchUsage[] =
     "  [--p2p-reserve=plan|worst] (each arena's room for P2P buffers: the peak of their\n"
     "   lifetimes across stages, which the executor then holds to, or every buffer of the step)\n"
 
-    "  [--out=MD] [--json=JSONL] [--trace-dir=DIR] [--dry-run [--forward-ms=F --backward-ms=B]]\n"
+    "  [--out=MD] [--json=JSONL] [--trace-dir=DIR]\n"
+    "  [--dry-run [--forward-ms=F --backward-ms=B --recompute-ms=R --lean-ms=L]] (one chunk's\n"
+    "   times alone, as a run measures them; R defaults to F, L to F / 4)\n"
     "  or: pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n";
 
 absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
@@ -184,7 +202,7 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
           if (!KnownPolicy(one)) {
             return BadFlag(flag, value,
                            "1f1b, none, po-h, po-f, selective, auto, recompute-full, "
-                           "recompute-lean or all (comma-separated; "
+                           "recompute-lean (each optionally +po-f) or all (comma-separated; "
                            "an offload policy may end in @C, C >= 1, and in :shared or :split)");
           }
           if (std::find(options.policies.begin(), options.policies.end(), one) ==
@@ -213,8 +231,14 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
       PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.forward_ms));
     } else if (flag == "--backward-ms") {
       PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.backward_ms));
+    } else if (flag == "--recompute-ms") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.recompute_ms));
+    } else if (flag == "--lean-ms") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.lean_ms));
     } else if (flag == "--planner-scale") {
       PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1024.0, &options.planner_scale));
+    } else if (flag == "--wait-timeout") {
+      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.1, 3600.0, &options.wait_timeout_s));
     } else if (flag == "--sim-tolerance") {
       PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1.0, &options.sim_tolerance));
     } else if (flag == "--release") {
@@ -426,7 +450,12 @@ absl::Status Calibrate(const std::vector<std::optional<PlannedPolicy>>& plans, B
   return first_error;
 }
 
-ArenaSizing BenchArenaSizing() {
+ArenaSizing BenchArenaSizing(const Schedule& schedule) {
+  for (const StageProgram& program : schedule.stages) {
+    for (const Op& op : program.ops) {
+      if (IsRecompute(op.kind)) return ArenaSizing{};  // the library's headroom
+    }
+  }
   ArenaSizing sizing;
   sizing.fragmentation_share = 0.0;
   sizing.spare_largest_entry = false;
@@ -504,7 +533,7 @@ std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
       const StagePrediction& stage = predicted.stages[d];
       const absl::StatusOr<ArenaNeed> arena = StageArenaNeed(
           plan.schedule, static_cast<int>(d), sizes, reserve, p2p.ok() ? &(*p2p)[d] : nullptr,
-          BenchArenaSizing());
+          BenchArenaSizing(plan.schedule));
       absl::StrAppendFormat(&out,
                             "\n  stage %d: peak %d entries %.3f GB (%d / %.3f GB without "
                             "offload), offload %.3f GB, arena %s",

@@ -67,8 +67,13 @@ struct BenchOptions {
   double duplex_gbs = 0.0;  // 0 = measure (each direction while both run)
   double forward_ms = 0.0;   // --dry-run: one chunk's F alone (0 = estimate at 600 TFLOP/s)
   double backward_ms = 0.0;  // --dry-run: one chunk's B alone (0 = twice F)
+  double recompute_ms = 0.0;  // --dry-run: one chunk's full recompute (0 = its F)
+  double lean_ms = 0.0;       // --dry-run: one chunk's lean recompute (0 = a quarter of its F)
   double planner_scale = 0.0;   // c above; 0 = search
   double sim_tolerance = 0.01;  // the search's bound on one-GPU slowdown vs no offload
+  // How long a step's stage may wait for a copy, a message or the GPU before it stops with
+  // the op it waits on (the executor's watchdog); the other stages then stop too.
+  double wait_timeout_s = 120.0;
   // --release=wait: RELEASE host-waits its D2H copy and frees the block at once (the blocking
   // RELEASE of earlier runtimes; ActivationStashOptions::wait_for_copy_at_release), so a batch
   // can A/B it against the default, defer (the free waits for the copy, the thread does not;
@@ -215,10 +220,15 @@ struct PlannedPolicy {
 // Largest predicted stash peak over the stages. REQUIRES: schedule.predictions.
 std::int64_t MaxPeakBytes(const Schedule& schedule);
 
-// How the bench sizes each stage's arena (StageArenaNeed): exactly the program's need (the
-// aligned stash peak plus the P2P reserve), no headroom, since the device memory it reports is
-// part of the result.
-ArenaSizing BenchArenaSizing();
+// How the bench sizes each stage's arena (StageArenaNeed) for `schedule`: exactly the program's
+// need (the aligned stash peak plus the P2P reserve), no headroom, since the device memory it
+// reports is part of the result; but the library's headroom (ArenaSizing's defaults: a
+// quarter more and one spare largest entry) where a program recomputes.
+// There full entries, retained blocks (offloaded and reloaded too) and P2P buffers of several
+// sizes share the arena, and the exact need left no contiguous room for a full entry on the
+// GPU (h = 4096, 2026-12-07: 352 MB free in pieces, 269 MB asked). The stash's measured peak
+// (logical and physical) does not depend on the arena's size.
+ArenaSizing BenchArenaSizing(const Schedule& schedule);
 
 // Model FLOP of one step by the convention of reference/hardware.md section 4 (and of
 // scripts/torch_peer.py): per layer and microbatch of s tokens, F + B = 72 h^2 s + 12 s^2 h

@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -272,10 +273,10 @@ TEST_CASE("arena budgets: the P2P plan's peak, far below every buffer of the ste
     const P2PLifetimes& lifetimes = (*p2p)[static_cast<std::size_t>(d)];
     absl::StatusOr<ArenaNeed> planned = StageArenaNeed(plan->schedule, d, sizes,
                                                        P2PReserve::kPlanned, &lifetimes,
-                                                       BenchArenaSizing());
+                                                       BenchArenaSizing(plan->schedule));
     absl::StatusOr<ArenaNeed> worst = StageArenaNeed(plan->schedule, d, sizes,
                                                      P2PReserve::kWorstCase, nullptr,
-                                                     BenchArenaSizing());
+                                                     BenchArenaSizing(plan->schedule));
     REQUIRE(planned.ok());
     REQUIRE(worst.ok());
     // The bench's arenas are the exact need: nothing for fragmentation.
@@ -385,6 +386,51 @@ TEST_CASE("recompute policies: no offload, no @C, the model's retained bytes in 
     CHECK(recomputes == forwards);
     CHECK(plan->schedule.predictions->stages[0].peak_bytes <
           plain->schedule.predictions->stages[0].peak_bytes);
+  }
+}
+
+TEST_CASE("recompute-MODE+po-f: every entry recomputed, what F keeps offloaded",
+          "[pipeline_bench]") {
+  absl::StatusOr<BenchOptions> options =
+      Parse({"--stages=4", "--chunks=2", "--family=interleaved", "--microbatches=8",
+             "--policies=recompute-lean+po-f,recompute-full+po-f@2"});
+  REQUIRE(options.ok());
+  CHECK(PlansRecompute(*options));
+  for (const std::string bad : {"recompute+po-f", "recompute-lean+po-h", "po-f+po-f"}) {
+    CAPTURE(bad);
+    CHECK(!Parse({"--policies=" + bad}).ok());
+  }
+  ChunkCosts costs = Chunk(1.0, 2.0, 64);
+  costs.retained_full_bytes = 4;
+  costs.retained_lean_bytes = 32;
+  for (const auto& [policy, kind, retained] :
+       {std::tuple{"recompute-lean+po-f", OpKind::kRecomputeLean, 32},
+        std::tuple{"recompute-full+po-f@2", OpKind::kRecompute, 4}}) {
+    CAPTURE(policy);
+    absl::StatusOr<PlannedPolicy> alone = PlanPolicy(
+        *options, std::string(policy).substr(0, std::string(policy).find('+')), costs, 1,
+        LinkFigures{}, 0);
+    absl::StatusOr<PlannedPolicy> plan = PlanPolicy(*options, policy, costs, 1, LinkFigures{}, 0);
+    INFO(plan.status().ToString());
+    REQUIRE(alone.ok());
+    REQUIRE(plan.ok());
+    int forwards = 0, recomputes = 0, offloads = 0;
+    for (const StageProgram& program : plan->schedule.stages) {
+      for (const Op& op : program.ops) {
+        forwards += op.kind == OpKind::kForward ? 1 : 0;
+        recomputes += op.kind == kind ? 1 : 0;
+        offloads += op.kind == OpKind::kOffload ? 1 : 0;
+      }
+    }
+    CHECK(recomputes == forwards);
+    CHECK(offloads > 0);
+    std::int64_t offloaded = 0;
+    for (const StagePrediction& stage : plan->schedule.predictions->stages) {
+      offloaded += stage.offloaded_bytes;
+    }
+    CHECK(offloaded == offloads * retained);  // every copy moves a retained block
+    CHECK(plan->schedule.predictions->stages[0].peak_bytes <=
+          alone->schedule.predictions->stages[0].peak_bytes);
   }
 }
 

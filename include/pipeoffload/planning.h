@@ -96,8 +96,10 @@ struct SharedGpu {
 };
 
 // What the planner is given for stages sharing one GPU at compute factor `compute_factor`:
-// ScaleComputeTimes(solo, c), then either the link split p ways (each bandwidth / p,
-// host_link_group_size 1) or, with shared_link, one link for all (host_link_group_size p).
+// ScaleComputeTimes(solo, c) with the reload margin divided by c (the same real time: the
+// margin is counted in B durations, which c stretched), then either the link split p ways
+// (each bandwidth / p, host_link_group_size 1) or, with shared_link, one link for all
+// (host_link_group_size p).
 CostModel SharedGpuCostModel(const CostModel& solo, const SharedGpu& shared, int num_stages,
                              double compute_factor);
 

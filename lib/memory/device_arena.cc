@@ -93,14 +93,29 @@ absl::StatusOr<void*> DeviceArena::Allocate(std::int64_t bytes, MemoryCategory c
         (category == MemoryCategory::kStash && size < options_.stash_high_below_bytes);
     std::optional<std::int64_t> found;
     if (from_top) {
-      for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
-        if (it->second < size) continue;
-        const std::int64_t start = it->first;
-        const std::int64_t rest = it->second - size;
-        free_.erase(std::next(it).base());
+      // Small blocks of several sizes come and go up here (P2P buffers; retained blocks of
+      // lean and of full recomputes, and their reloads when they are offloaded). First the
+      // smallest hole that holds one among the holes too small for a full entry (the highest
+      // of equals): it keeps larger small-block holes whole for the larger sizes, and a hole
+      // an entry could use is never split. Else the highest range that fits, as before.
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second < size || it->second >= options_.stash_high_below_bytes) continue;
+        if (best == free_.end() || it->second <= best->second) best = it;
+      }
+      if (best == free_.end()) {
+        for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+          if (it->second < size) continue;
+          best = std::next(it).base();
+          break;
+        }
+      }
+      if (best != free_.end()) {
+        const std::int64_t start = best->first;
+        const std::int64_t rest = best->second - size;
+        free_.erase(best);
         if (rest > 0) free_.emplace(start, rest);
         found = start + rest;
-        break;
       }
     } else {
       for (auto it = free_.begin(); it != free_.end(); ++it) {

@@ -83,6 +83,10 @@ CostModel ScaleComputeTimes(const CostModel& cost, double factor) {
 CostModel SharedGpuCostModel(const CostModel& solo, const SharedGpu& shared, int num_stages,
                              double compute_factor) {
   CostModel planner = ScaleComputeTimes(solo, compute_factor);
+  // The reload margin is a cushion of real time (one B run alone, by default), not of the
+  // planner's stretched B: c times longer, it would hold every reload c times earlier, and
+  // with it one more entry on the device at the stage's peak (issue 16).
+  planner.reload_margin_in_backward_times /= compute_factor;
   if (shared.shared_link) {
     planner.host_link_group_size = num_stages;
     return planner;

@@ -153,9 +153,16 @@ absl::StatusOr<Plan> PlanSchedule(const PipelineSpec& spec, const CostModel& sol
     return plan;
   }
   // auto's spec.recompute is the most it may use per entry, not a choice made: the bound is the
-  // step with every entry kept.
-  plain.recompute = Recompute::kNone;
+  // step with every entry kept. Any other policy's recompute is chosen (recompute beside
+  // offload): the bound is the same recompute without copies.
+  if (budgeted.offload == OffloadPolicy::kAuto) plain.recompute = Recompute::kNone;
   PO_ASSIGN_OR_RETURN(Plan baseline, PlanAt(plain, solo, options, p));
+  // What the plan is reported against is every entry kept, as for the recompute-only plans.
+  std::optional<Plan> all_kept;
+  if (plain.recompute != Recompute::kNone) {
+    plain.recompute = Recompute::kNone;
+    PO_ASSIGN_OR_RETURN(all_kept, PlanAt(plain, solo, options, p));
+  }
   const double pinned = options.shared_gpu.compute_factor;
   const std::vector<double> factors =
       pinned > 0 ? std::vector<double>{pinned} : SearchFactors(spec.num_stages);
@@ -171,7 +178,7 @@ absl::StatusOr<Plan> PlanSchedule(const PipelineSpec& spec, const CostModel& sol
     if (Better(*plan, best, bound)) best = *std::move(plan);
   }
   if (!best.has_value()) return first_error;
-  best->shared_baseline = baseline.shared;
+  best->shared_baseline = all_kept.has_value() ? all_kept->shared : baseline.shared;
   return *std::move(best);
 }
 

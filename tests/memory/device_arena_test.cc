@@ -252,6 +252,44 @@ TEST_CASE("arena allocates from its single backend allocation only", "[runtime][
   CHECK(backend->Stats().device_allocations == 1);
 }
 
+TEST_CASE("arena puts a top block in the smallest hole below an entry, keeping larger ones",
+          "[runtime][arena]") {
+  // Offloaded retained blocks (issue 16): lean blocks, their reloads and P2P buffers share the
+  // top. With a lean block's hole and a P2P buffer's hole both free, the next P2P buffer takes
+  // the small one (the highest range that fits would split the lean hole), so the next lean
+  // block (a reload) still fits.
+  constexpr std::int64_t kEntry = 8 * 256;
+  constexpr std::int64_t kLean = 4 * 256;
+  constexpr std::int64_t kP2P = 256;
+  auto backend = testing::NewCpuBackend();
+  DeviceArenaOptions options;
+  options.budget_bytes = kEntry + 2 * kLean + 2 * kP2P;
+  options.poison_on_free = false;
+  options.stash_high_below_bytes = kEntry;
+  absl::StatusOr<std::unique_ptr<DeviceArena>> arena = DeviceArena::Create(*backend, options);
+  REQUIRE(arena.ok());
+  DeviceArena& a = **arena;
+  auto* entry = static_cast<char*>(Allocate(a, kEntry));                 // the bottom
+  auto* l1 = static_cast<char*>(Allocate(a, kLean));                     // the top
+  auto* q1 = static_cast<char*>(Allocate(a, kP2P, MemoryCategory::kP2P));
+  auto* l2 = static_cast<char*>(Allocate(a, kLean));
+  auto* q2 = static_cast<char*>(Allocate(a, kP2P, MemoryCategory::kP2P));
+  CHECK(l1 == entry + kEntry + kLean + 2 * kP2P);
+  CHECK(q1 == l1 - kP2P);
+  CHECK(l2 == q1 - kLean);
+  CHECK(q2 == entry + kEntry);
+  CHECK(a.largest_free_block() == 0);
+  REQUIRE(a.Free(l1).ok());
+  REQUIRE(a.Free(q2).ok());
+  CHECK(Allocate(a, kP2P, MemoryCategory::kP2P) == q2);
+  CHECK(Allocate(a, kLean) == l1);
+  // A hole as large as an entry is no candidate for a top block: it stays whole for the entry.
+  REQUIRE(a.Free(entry).ok());
+  REQUIRE(a.Free(l2).ok());
+  CHECK(Allocate(a, kP2P, MemoryCategory::kP2P) == l2 + kLean - kP2P);
+  CHECK(Allocate(a, kEntry) == entry);
+}
+
 TEST_CASE("arena matches a reference model under random allocation", "[runtime][arena]") {
   auto backend = testing::NewCpuBackend();
   const std::int64_t budget = 64 * 1024;
