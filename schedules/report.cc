@@ -152,8 +152,8 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
     spec.offload = offload;
     spec.chunks_per_stage = family == Family::k1F1B ? 1 : v;
     spec.group_size = family == Family::kGroupInterleaved ? base.group_size : 0;
-    // Recompute is one choice per entry, refused beside po-h / po-f / selective: only the
-    // recompute rows below (and auto, which takes it as a bound) keep the base's --recompute.
+    // Only the recompute rows below (and auto, which takes it as a bound) keep the base's
+    // --recompute: the other rows are the offload policies as they are.
     if (offload != OffloadPolicy::kAuto) spec.recompute = Recompute::kNone;
     return ComparisonRow{std::move(label), spec, absl::UnknownError("not compiled")};
   };
@@ -174,6 +174,11 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
     row.label = absl::StrCat("recompute ", RecomputeName(mode), " (1f1b)");
     rows.push_back(std::move(row));
   }
+  // And lean beside po-f: what the link cannot carry whole, it carries as lean blocks.
+  ComparisonRow lean_offload = rows.back();
+  lean_offload.spec.offload = OffloadPolicy::kFull;
+  lean_offload.label = "recompute lean + po-f (1f1b)";
+  rows.push_back(std::move(lean_offload));
   // torch's V schedules (v placement, two chunks per stage, split backward); DualPipeV only
   // where it is defined (m >= 2p).
   for (Family family : {Family::kZbv, Family::kDualPipeV}) {

@@ -151,7 +151,7 @@ expect_contains("${fits}" "offload=po-f" "--strict when the links carry the plan
 # compare shows every policy.
 run(0 compare compare --stages 4 --microbatches 16 --unit-costs --offload-ratio 0.25)
 foreach(policy "1f1b" "interleaved" "group-interleaved" "po-h" "po-f" "selective" "auto"
-       "recompute full (1f1b)" "recompute lean (1f1b)")
+       "recompute full (1f1b)" "recompute lean (1f1b)" "recompute lean + po-f (1f1b)")
   expect_contains("${compare}" "${policy}" "compare")
 endforeach()
 # compare's defaults (p=8, m=32, GPT costs) split the backward in every row, say so and why, and
