@@ -656,7 +656,8 @@ absl::Status Bench(const BenchOptions& options) {
       results[i].order = LayoutName(plan.layout);
       const std::string base = SplitPolicyName(plan.name).base;
       if (base != "1f1b" && base != "none") {
-        absl::StrAppendFormat(&results[i].order, ", planned at %gx", plan.planner_scale);
+        absl::StrAppendFormat(&results[i].order, ", planned at %gx%s", plan.planner_scale,
+                              plan.shared_link ? ", link shared" : "");
       }
     }
   }

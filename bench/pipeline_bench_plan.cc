@@ -358,6 +358,7 @@ absl::StatusOr<PlannedPolicy> PlanPolicy(const BenchOptions& options, const std:
   plan_options.shared_gpu.stages_per_device = options.stages;
   plan_options.shared_gpu.compute_factor = name.scale > 0 ? name.scale : options.planner_scale;
   plan_options.shared_gpu.shared_link = name.shared_link;
+  plan_options.shared_gpu.search_link = !name.link_suffix;  // auto:split / auto:shared pin it
   plan_options.shared_gpu.search_tolerance = options.sim_tolerance;
   PipelineSpec spec = PolicySpec(options, policy, layout, auto_budget);
   // auto's most per entry: keep, offload, lean or full, as far as the model offers them.
@@ -370,6 +371,7 @@ absl::StatusOr<PlannedPolicy> PlanPolicy(const BenchOptions& options, const std:
   plan.shared = *planned->shared;
   plan.base_step = planned->shared_baseline->step_time;
   plan.planner_scale = planned->compute_factor;
+  plan.shared_link = planned->planned_with.host_link_group_size > 1;
   plan.layout = layout;
   plan.layout.family = plan.schedule.spec.family;  // auto's choice
   plan.layout.chunks = plan.schedule.spec.chunks_per_stage;
@@ -490,7 +492,7 @@ std::string LinkModeName(const PlannedPolicy& plan, const BenchOptions& options)
   }
   const PolicyName name = SplitPolicyName(plan.name);
   if (name.base == "1f1b" || name.base == "none") return "no copies";
-  if (name.shared_link) return absl::StrCat("link shared, ", barriers, " BARRIERs");
+  if (plan.shared_link) return absl::StrCat("link shared, ", barriers, " BARRIERs");
   return absl::StrCat("link split ", options.stages, " ways, ", barriers, " BARRIERs");
 }
 

@@ -168,6 +168,7 @@ struct PlannedPolicy {
   SharedGpuPrediction shared;  // SimulateSharedGpu(schedule, solo)
   std::string auto_choice;     // auto: the compiler's "auto: chose ..." line
   double planner_scale = 0.0;  // c the schedule was planned at
+  bool shared_link = false;    // planned on one link with BARRIER hand-overs (else split p ways)
   double base_step = 0.0;      // SimulateSharedGpu of the layout's order without offload
 };
 

@@ -25,6 +25,7 @@
 // (shared_gpu.h) from the solo costs, and keeps the one with the smallest stash peak whose
 // one-GPU step stays within search_tolerance of the same order without offload (else the
 // fastest). Smaller c plans shorter lifespans against a busier link: fewer, safer copies.
+// auto searches the link model too (SharedGpu::search_link): each factor split and shared.
 #ifndef PIPEOFFLOAD_PLANNING_H_
 #define PIPEOFFLOAD_PLANNING_H_
 
@@ -91,6 +92,11 @@ struct SharedGpu {
   double compute_factor = 0.0;
   // Plan the copies on the one link with BARRIER hand-overs instead of the link split p ways.
   bool shared_link = false;
+  // auto only: plan on both link models and keep the better (the search below), unless false,
+  // when shared_link is kept as given. Split, each stage owns a quarter of the link whether it
+  // needs it or not; shared, a stage may take what the others leave, at the cost of BARRIERs
+  // (h = 4096 at torch full recompute's memory on an H100: 1.4288 s split, 1.3027 s shared).
+  bool search_link = true;
   // The search's bound on the one-GPU slowdown against the same order without offload.
   double search_tolerance = 0.01;
 };
@@ -113,7 +119,8 @@ struct PlanOptions {
 
 struct Plan {
   Schedule schedule;        // valid, with predictions (Simulate under planned_with)
-  CostModel planned_with;   // what the compiler saw (solo, or SharedGpuCostModel)
+  CostModel planned_with;   // what the compiler saw (solo, or SharedGpuCostModel; its
+                            // host_link_group_size says which link model on one GPU)
   double compute_factor = 1.0;  // c it was planned at (1 with devices of their own)
   // stages_per_device > 1: SimulateSharedGpu of the schedule and of the same order without
   // offload, from the solo costs (the one-GPU step to compare with a measured one).

@@ -166,16 +166,29 @@ absl::StatusOr<Plan> PlanSchedule(const PipelineSpec& spec, const CostModel& sol
   const double pinned = options.shared_gpu.compute_factor;
   const std::vector<double> factors =
       pinned > 0 ? std::vector<double>{pinned} : SearchFactors(spec.num_stages);
+  // auto also weighs the other link model (SharedGpu::search_link).
+  std::vector<bool> links = {options.shared_gpu.shared_link};
+  if (budgeted.offload == OffloadPolicy::kAuto && options.shared_gpu.search_link) {
+    links.push_back(!options.shared_gpu.shared_link);
+  }
   const double bound = baseline.shared->step_time * (1.0 + options.shared_gpu.search_tolerance);
   std::optional<Plan> best;
   absl::Status first_error = absl::OkStatus();
-  for (const double c : factors) {
-    absl::StatusOr<Plan> plan = PlanAt(budgeted, solo, options, c);
-    if (!plan.ok()) {
-      if (first_error.ok()) first_error = Annotate(plan.status(), absl::StrCat("at c = ", c));
-      continue;
+  for (const bool shared_link : links) {
+    PlanOptions at = options;
+    at.shared_gpu.shared_link = shared_link;
+    for (const double c : factors) {
+      absl::StatusOr<Plan> plan = PlanAt(budgeted, solo, at, c);
+      if (!plan.ok()) {
+        if (first_error.ok()) {
+          first_error = Annotate(plan.status(), absl::StrCat("at c = ", c, shared_link
+                                                                        ? " (link shared)"
+                                                                        : " (link split)"));
+        }
+        continue;
+      }
+      if (Better(*plan, best, bound)) best = *std::move(plan);
     }
-    if (Better(*plan, best, bound)) best = *std::move(plan);
   }
   if (!best.has_value()) return first_error;
   best->shared_baseline = all_kept.has_value() ? all_kept->shared : baseline.shared;

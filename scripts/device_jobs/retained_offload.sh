@@ -9,7 +9,8 @@
 #     tag come with it).
 #  2. At each width of RETAINED_WIDTHS (default "4096"): pipeline_bench 1f1b, po-f,
 #     recompute-lean+po-f, auto at 25% (h = 4096) / 15% (h = 8192) of 1f1b's stage-0 peak (the
-#     +3% bar's point), auto at torch full recompute's memory (0.71 / 1.68 GB); then
+#     +3% bar's point; RETAINED_CUT sets these policies), auto at torch full recompute's memory
+#     (0.71 / 1.68 GB; RETAINED_MIX sets its policies, e.g. "auto,auto:shared"); then
 #     torch_peer.py none and full_recompute in the same call (RETAINED_TORCH=0 skips it), so the
 #     bars are read on one card.
 # Same 16 layers as the Pareto table: 4 stages on the GPU, group-interleaved v = 4 x 1 layer,
@@ -37,9 +38,9 @@ for h in ${RETAINED_WIDTHS:-4096}; do
   steps=2 fraction=0.15 torch_gb=1.68 limit=200
   [[ $h == 4096 ]] && steps=3 fraction=0.25 torch_gb=0.71 limit=120
   run "cut_h$h" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
-    --policies=1f1b,po-f,recompute-lean+po-f,auto --budget-fraction="$fraction"
-  run "mix_h$h" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" --policies=auto \
-    --budget-gb="$torch_gb"
+    --policies="${RETAINED_CUT:-1f1b,po-f,recompute-lean+po-f,auto}" --budget-fraction="$fraction"
+  run "mix_h$h" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
+    --policies="${RETAINED_MIX:-auto}" --budget-gb="$torch_gb"
   [[ ${RETAINED_TORCH:-1} == 1 ]] && run "torch_h$h" 120 python3 scripts/torch_peer.py --configs="$h:16" --seq=2048 \
     --microbatches=16 --modes=none,full_recompute --warmup=1 --steps="$steps" \
     --md="$LOG/torch.md" --json="$LOG/peer.jsonl"

@@ -502,6 +502,57 @@ TEST_CASE("one GPU: at a tight budget auto still mixes, where rounds at the firs
   CHECK(mixed->shared->step_time < 0.9 * all->shared->step_time);
 }
 
+TEST_CASE("one GPU: auto weighs the split and the shared link, unless one is pinned",
+          "[runtime][planning][recompute]") {
+  // The H100's h = 4096 figures of 2026-12-07 (F 1.242 ms, B 3.2 ms, full recompute 1.256 ms,
+  // lean 0.203 ms keeping 72.5% of an entry, 34.3 GB/s each way at once), held to torch full
+  // recompute's 0.71 GB: there the stages' lean blocks need more than a quarter of the link
+  // each, and the shared link (a stage takes what the others leave) is the faster plan.
+  constexpr int kStages = 4;
+  constexpr std::int64_t kEntry = 268'730'368;
+  constexpr std::int64_t kInput = 16'777'216;
+  CostModel solo = WithModelSizes(
+      SoloOneGpu(kStages, 4, 1.242e-3, 3.2e-3, kEntry),
+      ModelSizes{std::vector<std::int64_t>(16, kEntry), kInput,
+                 std::vector<std::int64_t>(16, kInput),
+                 std::vector<std::int64_t>(16, 194'805'760)});
+  solo.duplex_bandwidth = 34.3e9;
+  solo.recompute_full_time = 1.256e-3;
+  solo.recompute_lean_time = 0.203e-3;
+  PipelineSpec spec = testing::MakeSpec(Family::kGroupInterleaved, kStages, 16, 4);
+  spec.offload = OffloadPolicy::kAuto;
+  spec.recompute = Recompute::kFull;
+  spec.memory_budget_bytes = 710'000'000;
+  PlanOptions options;
+  options.shared_gpu.stages_per_device = kStages;
+  options.shared_gpu.compute_factor = kStages;
+  absl::StatusOr<Plan> searched = PlanSchedule(spec, solo, options);
+  options.shared_gpu.search_link = false;
+  absl::StatusOr<Plan> split = PlanSchedule(spec, solo, options);
+  options.shared_gpu.shared_link = true;
+  absl::StatusOr<Plan> shared = PlanSchedule(spec, solo, options);
+  REQUIRE(searched.ok());
+  REQUIRE(split.ok());
+  REQUIRE(shared.ok());
+  CHECK(split->planned_with.host_link_group_size == 1);
+  CHECK(Barriers(split->schedule) == 0);
+  CHECK(shared->planned_with.host_link_group_size == kStages);
+  CHECK(Barriers(shared->schedule) > 0);
+  // Searched, the faster of the two on the one-GPU simulation: here the shared link (1.6%).
+  CHECK(shared->shared->step_time < 0.99 * split->shared->step_time);
+  CHECK(searched->planned_with.host_link_group_size == kStages);
+  CHECK(searched->shared->step_time == shared->shared->step_time);
+  CHECK(MaxPeak(searched->schedule) <= spec.memory_budget_bytes);
+  // A fixed policy keeps the link it is given.
+  spec.offload = OffloadPolicy::kFull;
+  spec.recompute = Recompute::kNone;
+  options.shared_gpu.shared_link = false;
+  options.shared_gpu.search_link = true;
+  absl::StatusOr<Plan> po_f = PlanSchedule(spec, solo, options);
+  REQUIRE(po_f.ok());
+  CHECK(po_f->planned_with.host_link_group_size == 1);
+}
+
 TEST_CASE("one GPU: no offload is planned at c = p, the shared link hands over with BARRIERs",
           "[runtime][planning]") {
   const CostModel solo = SoloOneGpu(4, 4, 2e-3, 4e-3, 50'000'000);
