@@ -62,13 +62,10 @@ std::pair<int, std::int64_t> PeakIndex(const StageProgram& program, const Pipeli
       add(full, i);
       add(-retained, i);
     }
-    // The plan's copies move what the entry holds then: its retained block when recomputed.
-    if (op.kind == OpKind::kRelease && !entry.chosen) {
-      add(entry.mode == Recompute::kNone ? -full : -retained, i);
-    }
-    if (op.kind == OpKind::kReload && !entry.chosen) {
-      add(entry.mode == Recompute::kNone ? full : retained, i);
-    }
+    // The plan's copies move what the entry holds then: its retained block when recomputed
+    // (RetainedBytes of a kept entry is the whole entry).
+    if (op.kind == OpKind::kRelease && !entry.chosen) add(-retained, i);
+    if (op.kind == OpKind::kReload && !entry.chosen) add(retained, i);
     if (op.kind == frees) add(-full, i);
   }
   return {at, peak};

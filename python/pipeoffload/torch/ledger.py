@@ -196,7 +196,7 @@ def replay(plan, order=None, entry_sizes=None, retained_sizes=None) -> Replay:
             for size in host_tensors(action.key, before):
                 in_use[size] += 1
                 buffers_peak[size] = max(buffers_peak[size], in_use[size])
-        elif before in (RELOADED, RETAINED_RELOADED) and action.kind != "W":
+        elif before in (RELOADED, RETAINED_RELOADED):  # B, or the RECOMPUTE of a retained block
             for size in host_tensors(action.key, before):
                 in_use[size] -= 1
     ledger.finish()
