@@ -640,15 +640,15 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
   for (const TimedOp& t : timed) {
     const Op& op = t.op;
     // BARRIERs may carry chunk -1; they allocate nothing, so any size will do for them.
-    const std::int64_t full = cost.ActivationBytes(s, std::max(op.chunk, 0), spec.stage_map());
+    const int chunk = std::max(op.chunk, 0);
+    const std::int64_t full = cost.ActivationBytes(s, chunk, spec.stage_map());
     const Recompute mode =
         op.mb < 0 ? Recompute::kNone
                   : recomputed[static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(v) +
                                static_cast<std::size_t>(op.chunk)];
-    // What the entry holds before its RECOMPUTE* (and what OFFLOAD / RELEASE / RELOAD move).
-    const std::int64_t held =
-        mode == Recompute::kNone ? full
-                                 : cost.RetainedBytes(s, op.chunk, spec.stage_map(), mode);
+    // What the entry holds before its RECOMPUTE* (and what OFFLOAD / RELEASE / RELOAD move);
+    // RetainedBytes of a kept entry is the whole entry.
+    const std::int64_t held = cost.RetainedBytes(s, chunk, spec.stage_map(), mode);
     // F, RELEASE and RELOAD move what the entry holds then; the op that frees it, the entry.
     if (op.kind == OpKind::kForward) change(held, 1, t.start, t.index, false);
     if (op.kind == OpKind::kReload) change(held, 1, t.start, t.index, true);
