@@ -250,6 +250,11 @@ class EventTimedModel final : public StageModel {
     PO_RETURN_IF_ERROR(inner_.RecomputeSaved(mb, chunk, retained, saved, mode));
     return Mark();
   }
+  // Forwarded, or the runtime would rebuild entries the inner model's B reads in place (and
+  // MeasureRecompute, which asks the inner model, would price the op as B does).
+  bool BackwardReadsRetained(int chunk, Recompute mode, bool split) const override {
+    return inner_.BackwardReadsRetained(chunk, mode, split);
+  }
 
  private:
   absl::Status Mark() {
@@ -265,13 +270,23 @@ class EventTimedModel final : public StageModel {
   std::size_t next_ = 0;
 };
 
-// Seconds of RecomputeSaved(mb 0, chunk 0, mode) on the compute queue (median of `reps` after
-// one untimed), from a block ForwardRetaining wrote on pseudo-random input: what the planner
-// charges a RECOMPUTE / RECOMPUTE_LEAN op. 0 when the model does not offer `mode`.
+// Seconds the planner charges a RECOMPUTE / RECOMPUTE_LEAN op of `mode` on chunk 0 (medians
+// on the compute queue of `reps` runs after one untimed, on pseudo-random input); 0 when the
+// model does not offer `mode`.
+//  - Normally RecomputeSaved(mb 0, chunk 0, mode) from a block ForwardRetaining wrote: the op
+//    the runtime runs.
+//  - When the model's B reads the retained block itself (BackwardReadsRetained for an unsplit
+//    backward), the runtime never calls RecomputeSaved and the op runs nothing: the rebuild's
+//    cost moves into B. Then it is the unsplit Backward on the retained block minus the unsplit
+//    Backward on a full entry Forward wrote (same input and output gradient), clamped at 0
+//    against noise. Each Backward follows its own (untimed) forward: the model learns from that
+//    call which layout the entry has, and B consumes what it learnt.
 absl::StatusOr<double> MeasureRecompute(Backend& backend, StageModel& model, Recompute mode,
                                         int reps) {
   const std::int64_t retained_bytes = model.RetainedBytes(0, mode, false);
   if (retained_bytes <= 0) return 0.0;
+  const bool in_backward = model.BackwardReadsRetained(0, mode, /*split_backward=*/false);
+  const std::int64_t boundary = model.BoundaryBytes();
   std::vector<void*> blocks;
   std::vector<Event> events;
   const auto release = [&] {
@@ -279,23 +294,14 @@ absl::StatusOr<double> MeasureRecompute(Backend& backend, StageModel& model, Rec
     for (void* block : blocks) backend.FreeDevice(block);
     for (const Event& event : events) backend.DestroyEvent(event);
   };
-  const auto measure = [&]() -> absl::StatusOr<double> {
-    for (const std::int64_t bytes : {model.BoundaryBytes(), model.BoundaryBytes(), retained_bytes,
-                                     model.SavedBytes(0, false)}) {
-      PO_ASSIGN_OR_RETURN(void* block, backend.AllocateDevice(bytes));
-      blocks.push_back(block);
-    }
-    PO_RETURN_IF_ERROR(FillRandomBf16(backend, blocks[0], model.BoundaryBytes(), 1.0f, kSeed));
-    PO_RETURN_IF_ERROR(model.ForwardRetaining(0, 0, blocks[0], blocks[1], blocks[2], mode));
-    for (int i = 0; i < 2; ++i) {
-      PO_ASSIGN_OR_RETURN(const Event event, backend.CreateEvent());
-      events.push_back(event);
-    }
+  // Median seconds of `timed` on the compute queue, `untimed` enqueued before each run.
+  const auto median = [&](const auto& untimed, const auto& timed) -> absl::StatusOr<double> {
     const Queue compute = backend.queue(QueueKind::kCompute);
     std::vector<double> seconds;
     for (int rep = 0; rep <= reps; ++rep) {
+      PO_RETURN_IF_ERROR(untimed());
       PO_RETURN_IF_ERROR(backend.RecordEvent(events[0], compute));
-      PO_RETURN_IF_ERROR(model.RecomputeSaved(0, 0, blocks[2], blocks[3], mode));
+      PO_RETURN_IF_ERROR(timed());
       PO_RETURN_IF_ERROR(backend.RecordEvent(events[1], compute));
       PO_RETURN_IF_ERROR(backend.WaitEvent(events[1], kWaitTimeoutSeconds));
       PO_ASSIGN_OR_RETURN(const double start, backend.EventTime(events[0]));
@@ -304,6 +310,39 @@ absl::StatusOr<double> MeasureRecompute(Backend& backend, StageModel& model, Rec
     }
     std::sort(seconds.begin(), seconds.end());
     return seconds[seconds.size() / 2];
+  };
+  const auto measure = [&]() -> absl::StatusOr<double> {
+    // input, output, retained block, full entry, output gradient, input gradient
+    for (const std::int64_t bytes : {boundary, boundary, retained_bytes,
+                                     model.SavedBytes(0, false), boundary, boundary}) {
+      PO_ASSIGN_OR_RETURN(void* block, backend.AllocateDevice(bytes));
+      blocks.push_back(block);
+    }
+    PO_RETURN_IF_ERROR(FillRandomBf16(backend, blocks[0], boundary, 1.0f, kSeed));
+    PO_RETURN_IF_ERROR(FillRandomBf16(backend, blocks[4], boundary, 1.0f, kSeed + 1));
+    for (int i = 0; i < 2; ++i) {
+      PO_ASSIGN_OR_RETURN(const Event event, backend.CreateEvent());
+      events.push_back(event);
+    }
+    const auto retain = [&] {
+      return model.ForwardRetaining(0, 0, blocks[0], blocks[1], blocks[2], mode);
+    };
+    if (!in_backward) {
+      PO_RETURN_IF_ERROR(retain());
+      return median([] { return absl::OkStatus(); },
+                    [&] { return model.RecomputeSaved(0, 0, blocks[2], blocks[3], mode); });
+    }
+    const auto backward_of = [&](void* entry) {
+      return [&model, &blocks, entry] {
+        return model.Backward(0, 0, blocks[4], blocks[5], entry, /*with_weight_grad=*/true);
+      };
+    };
+    PO_ASSIGN_OR_RETURN(const double on_retained, median(retain, backward_of(blocks[2])));
+    PO_ASSIGN_OR_RETURN(
+        const double on_full,
+        median([&] { return model.Forward(0, 0, blocks[0], blocks[1], blocks[3]); },
+               backward_of(blocks[3])));
+    return std::max(0.0, on_retained - on_full);
   };
   absl::StatusOr<double> seconds = measure();
   release();

@@ -296,13 +296,19 @@ class ActivationStash {
   // call's duration the logical bytes hold both blocks, as the compiler models it. Returns the
   // retained block and the new one. DropRetained: frees the retained block (the logical bytes
   // shrink by its size); the entry goes on with the new block as its device copy.
+  // `in_place` (the model's B reads the retained block itself, StageModel::
+  // BackwardReadsRetained): no block is allocated and `full` is the retained block; the logical
+  // bytes move exactly as above, and DropRetained frees nothing, so the entry's device block
+  // stays the retained one until Free (physically smaller than the logical count by bytes -
+  // the retained size).
   // Errors: FailedPrecondition for an entry that is neither of those or already regrown (or not
   // regrown, for DropRetained); the arena's errors as Create.
   struct Regrown {
     const void* retained = nullptr;
     void* full = nullptr;
   };
-  [[nodiscard]] absl::StatusOr<Regrown> Regrow(int mb, int chunk, std::int64_t bytes);
+  [[nodiscard]] absl::StatusOr<Regrown> Regrow(int mb, int chunk, std::int64_t bytes,
+                                               bool in_place = false);
   [[nodiscard]] absl::Status DropRetained(int mb, int chunk);
 
   // OK when no entry remains; else FailedPrecondition listing each entry and its state.
@@ -348,6 +354,9 @@ class ActivationStash {
     // Between Regrow and DropRetained: the block F wrote, still counted in device_bytes_.
     void* retained = nullptr;
     std::int64_t retained_bytes = 0;
+    // After an in-place Regrow: the size of `device` (the retained block), which `bytes` (the
+    // full entry, as counted) exceeds; 0 otherwise, when `device` holds `bytes`.
+    std::int64_t in_place_block_bytes = 0;
   };
   using Key = std::pair<int, int>;  // (mb, chunk)
   // A released device block waiting for its entry's D2H copy (the entry's offload_done).

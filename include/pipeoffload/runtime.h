@@ -71,7 +71,9 @@ struct IterationStats {
   // (StagePrediction::peak_bytes), exactly.
   std::int64_t stash_high_water_bytes = 0;
   // The arena's kStash high-water mark: also counts released blocks whose D2H copy was still
-  // running. >= stash_high_water_bytes, <= the arena budget.
+  // running. >= stash_high_water_bytes, <= the arena budget, except with a model whose B reads
+  // retained blocks (StageModel::BackwardReadsRetained): those entries count their full bytes
+  // logically from their RECOMPUTE* on, while the arena holds only the retained block.
   std::int64_t stash_physical_high_water_bytes = 0;
   std::int64_t stash_high_water_entries = 0;
   std::int64_t p2p_high_water_bytes = 0;
@@ -84,7 +86,8 @@ struct IterationStats {
   // Of wait_seconds: host time waiting for D2H copies of released stash blocks (an allocation
   // under pressure, the end of the iteration, or RELEASE itself with wait_for_copy_at_release).
   double release_wait_seconds = 0.0;
-  // Of compute_seconds: the RECOMPUTE / RECOMPUTE_LEAN ops (StageModel::RecomputeSaved).
+  // Of compute_seconds: the RECOMPUTE / RECOMPUTE_LEAN ops (StageModel::RecomputeSaved; about
+  // zero for those the model's B reads in place, StageModel::BackwardReadsRetained).
   double recompute_seconds = 0.0;
   // SEND and RECV posts that had to be ordered after the compute queue (every SEND, and every
   // RECV on a backend whose memory the host cannot touch): on the device by the transport

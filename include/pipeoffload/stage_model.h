@@ -131,6 +131,22 @@ class StageModel {
         "StageModel::RecomputeSaved(mb ", mb, ", chunk ", chunk, ", mode ",
         RecomputeName(mode), ") is not implemented by this model"));
   }
+
+  // True when Backward / BackwardWeight of an entry that ForwardRetaining(mode) kept read that
+  // retained block as it is, rebuilding what they need from it inside themselves (into the
+  // model's own scratch): the runtime's RECOMPUTE* then allocates no full block, copies
+  // nothing and does not call RecomputeSaved, and B / W get the retained block as `saved`. A
+  // model that says true tells a retained block from a full entry itself (it saw whether
+  // Forward or ForwardRetaining wrote the entry). The stash still counts the full entry from
+  // the RECOMPUTE* on, as the compiler models it, so the device holds (SavedBytes -
+  // RetainedBytes) less per such entry than the logical count says. Default false: every
+  // RECOMPUTE* rebuilds into a new block of SavedBytes.
+  virtual bool BackwardReadsRetained(int chunk, Recompute mode, bool split_backward) const {
+    (void)chunk;
+    (void)mode;
+    (void)split_backward;
+    return false;
+  }
 };
 
 

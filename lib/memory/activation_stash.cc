@@ -15,13 +15,17 @@
 //                                              also from RELOADING once OrderReload ran (a
 //                                              retained block back from the host; the state
 //                                              stays until FinishReload)
-//    ON_DEVICE   --DropRetained-> ON_DEVICE    retained block freed (after RecomputeSaved)
+//    ON_DEVICE   --DropRetained-> ON_DEVICE    retained block freed (after RecomputeSaved);
+//                                              in place: nothing freed, the retained block
+//                                              is the entry's device block until Free
 //  Logical and physical bytes:
 //    device_bytes_ / device_entries_ (LOGICAL) follow program order exactly as the compiler
 //    models it: + at Create and StartReload, - at FinishOffload and Free. Their high-water mark
 //    is the predicted peak. The arena's kStash usage (PHYSICAL) also holds released blocks whose
 //    D2H copy may still be running (pending_), so physical >= logical at every moment, and the
-//    two are equal whenever pending_ is empty.
+//    two are equal whenever pending_ is empty, except that an entry regrown in place counts its
+//    full bytes while it holds only its retained block: physical is then lower by the
+//    difference, never higher.
 //  Deferred release (the default): FinishOffload does not wait. The entry goes ON_HOST and
 //    leaves the logical count at once; its block moves to pending_ (release order) and stays
 //    allocated. A pending block goes back to the arena only after its entry's `offload_done`
@@ -405,7 +409,8 @@ absl::Status ActivationStash::Free(int mb, int chunk) {
 }
 
 absl::StatusOr<ActivationStash::Regrown> ActivationStash::Regrow(int mb, int chunk,
-                                                                 std::int64_t bytes) {
+                                                                 std::int64_t bytes,
+                                                                 bool in_place) {
   PO_ASSIGN_OR_RETURN(Entry* entry, Find(mb, chunk, "Regrow (RECOMPUTE)"));
   // A retained block that came back from the host may still be RELOADING, once the compute
   // queue is ordered after its copy (OrderReload): FinishReload then follows the recompute.
@@ -416,15 +421,21 @@ absl::StatusOr<ActivationStash::Regrown> ActivationStash::Regrow(int mb, int chu
     return absl::FailedPreconditionError(
         absl::StrCat(EntryName(mb, chunk), " is already regrown; Regrow (RECOMPUTE) runs once"));
   }
-  absl::StatusOr<void*> device = AllocateReclaiming(bytes, MemoryCategory::kStash);
-  if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
-  if (arena_.poison_on_free()) {
-    PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
-                                          arena_.AlignedSize(bytes)));
+  void* full = entry->device;
+  if (in_place) {
+    entry->in_place_block_bytes = entry->bytes;
+  } else {
+    absl::StatusOr<void*> device = AllocateReclaiming(bytes, MemoryCategory::kStash);
+    if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
+    if (arena_.poison_on_free()) {
+      PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
+                                            arena_.AlignedSize(bytes)));
+    }
+    full = *device;
   }
   entry->retained = entry->device;
   entry->retained_bytes = entry->bytes;
-  entry->device = *device;
+  entry->device = full;
   entry->bytes = bytes;
   // One entry, two blocks: the bytes grow, the entry count does not.
   device_bytes_ += bytes;
@@ -442,7 +453,8 @@ absl::Status ActivationStash::DropRetained(int mb, int chunk) {
   entry->retained = nullptr;
   device_bytes_ -= entry->retained_bytes;
   entry->retained_bytes = 0;
-  return arena_.Free(retained);
+  // In place, the retained block is the entry's device block: Free returns it.
+  return retained == entry->device ? absl::OkStatus() : arena_.Free(retained);
 }
 
 absl::Status ActivationStash::CheckEmpty() const {
@@ -475,12 +487,14 @@ void ActivationStash::Clear(double timeout_seconds) {
     if (entry.state == StashState::kReloading) {
       backend_.WaitEvent(*entry.reload_done, timeout_seconds).IgnoreError();
     }
-    FreeDevice(entry).IgnoreError();
-    if (entry.retained != nullptr) {  // a RECOMPUTE that failed between Regrow and DropRetained
+    // A RECOMPUTE that failed between Regrow and DropRetained still holds its retained block
+    // (the device block itself when regrown in place: FreeDevice returns that one).
+    if (entry.retained != nullptr) {
       device_bytes_ -= entry.retained_bytes;
-      arena_.Free(entry.retained).IgnoreError();
+      if (entry.retained != entry.device) arena_.Free(entry.retained).IgnoreError();
       entry.retained = nullptr;
     }
+    FreeDevice(entry).IgnoreError();
     if (entry.host.index >= 0) host_pool_.Release(entry.host).IgnoreError();
     ReturnEvents(entry);
   }
@@ -490,7 +504,9 @@ void ActivationStash::Clear(double timeout_seconds) {
 absl::StatusOr<std::int64_t> ActivationStash::FindPoison(int mb, int chunk) const {
   PO_ASSIGN_OR_RETURN(void* device, DeviceData(mb, chunk));
   if (!arena_.poison_on_free() || !backend_.DeviceMemoryIsHostAccessible()) return -1;
-  const std::int64_t bytes = entries_.at(Key(mb, chunk)).bytes;
+  const Entry& entry = entries_.at(Key(mb, chunk));
+  const std::int64_t bytes = entry.in_place_block_bytes > 0 ? entry.in_place_block_bytes
+                                                             : entry.bytes;
   const auto* words = static_cast<const std::uint32_t*>(device);
   for (std::int64_t i = 0; i < bytes / 4; ++i) {
     if (words[i] == kPoisonWord) return i * 4;

@@ -173,13 +173,18 @@ absl::Status StageExecutor::RecomputeEntry(int index, const Op& op) {
   // under it since F. When it was offloaded, its RELOAD is ordered before the recompute here
   // and finished (host slot back) once the recompute is enqueued, as B does.
   PO_RETURN_IF_ERROR(ReadyEntry(index, op).status());
-  absl::StatusOr<ActivationStash::Regrown> blocks =
-      stash_.Regrow(op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)]);
+  const Recompute mode = RecomputeOf(op.kind);
+  // When the model's B reads the retained block itself, the entry only changes its count
+  // (the full entry from here on, as the compiler models it); nothing runs.
+  const bool in_place = recompute_.InPlace(op.chunk, mode);
+  absl::StatusOr<ActivationStash::Regrown> blocks = stash_.Regrow(
+      op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)], in_place);
   if (!blocks.ok()) return Annotate(blocks.status(), Where(index, op));
   SampleMemory();
   const double start = Now();
-  const absl::Status status = model_.RecomputeSaved(op.mb, op.chunk, blocks->retained,
-                                                    blocks->full, RecomputeOf(op.kind));
+  const absl::Status status =
+      in_place ? absl::OkStatus()
+               : model_.RecomputeSaved(op.mb, op.chunk, blocks->retained, blocks->full, mode);
   const double end = Now();
   Time(index, start, end);
   stats_.compute_seconds += end - start;

@@ -28,6 +28,9 @@ struct RecomputePlan {
   std::map<std::pair<int, int>, Recompute> modes;  // (mb, chunk) -> mode; absent: kept
   // retained[chunk][mode]: RetainedBytes for the modes the program uses on that chunk, else -1.
   std::vector<std::array<std::int64_t, 3>> retained;
+  // in_place[chunk][mode]: the model's BackwardReadsRetained for those modes (B reads the
+  // retained block; its RECOMPUTE* rebuilds nothing), else false.
+  std::vector<std::array<bool, 3>> in_place;
 
   Recompute ModeOf(int mb, int chunk) const {
     const auto it = modes.find({mb, chunk});
@@ -35,6 +38,9 @@ struct RecomputePlan {
   }
   std::int64_t Retained(int chunk, Recompute mode) const {
     return retained[static_cast<std::size_t>(chunk)][static_cast<std::size_t>(mode)];
+  }
+  bool InPlace(int chunk, Recompute mode) const {
+    return in_place[static_cast<std::size_t>(chunk)][static_cast<std::size_t>(mode)];
   }
 };
 
@@ -48,6 +54,7 @@ inline absl::StatusOr<RecomputePlan> PlanRecompute(const PipelineSpec& spec,
                                                    const StageModel& model) {
   RecomputePlan plan;
   plan.retained.assign(static_cast<std::size_t>(spec.chunks_per_stage), {-1, -1, -1});
+  plan.in_place.assign(static_cast<std::size_t>(spec.chunks_per_stage), {false, false, false});
   for (std::size_t i = 0; i < program.ops.size(); ++i) {
     const Op& op = program.ops[i];
     const Recompute mode = RecomputeOf(op.kind);
@@ -57,6 +64,8 @@ inline absl::StatusOr<RecomputePlan> PlanRecompute(const PipelineSpec& spec,
                                        [static_cast<std::size_t>(mode)];
     if (bytes > 0) continue;
     bytes = model.RetainedBytes(op.chunk, mode, spec.split_backward);
+    plan.in_place[static_cast<std::size_t>(op.chunk)][static_cast<std::size_t>(mode)] =
+        model.BackwardReadsRetained(op.chunk, mode, spec.split_backward);
     if (bytes <= 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "executor: stage ", program.stage, ", op ", i, " (", OpToString(op),

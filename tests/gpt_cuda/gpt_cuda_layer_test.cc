@@ -262,7 +262,7 @@ TEST_CASE("One CUDA layer matches the CPU layer, forward and backward",
   CHECK(out_error <= kOutputTolerance);
 
   PO_MODEL_TEST_OK(gpu->Backward(dyd, static_cast<bf16*>(dx_dev.data()), saved.bytes_ptr(),
-                                 /*with_weight_grad=*/true, 0.0f));
+                                 /*with_weight_grad=*/true, 0.0f, EntryLayout::kSaved));
   const std::vector<float> dx = DownloadBf16(dx_dev.data(), nc);
   const double dx_error = RelativeError(dx, cpu_dx);
   Report(tag, "input gradient", dx_error, kInputGradTolerance);
@@ -284,7 +284,7 @@ TEST_CASE("One CUDA layer matches the CPU layer, forward and backward",
     PO_MODEL_TEST_OK(gpu->Forward(nullptr, nullptr, xd, static_cast<bf16*>(out_dev.data()),
                                   saved.bytes_ptr(), nullptr));
     PO_MODEL_TEST_OK(gpu->Backward(dyd, static_cast<bf16*>(dx_dev.data()), saved.bytes_ptr(),
-                                   /*with_weight_grad=*/false, 0.0f));
+                                   /*with_weight_grad=*/false, 0.0f, EntryLayout::kSaved));
     // B alone leaves the weight gradients untouched.
     for (const std::vector<float>& grad : AllGrads(*gpu, stream)) {
       CHECK(BitwiseEqual(grad, std::vector<float>(grad.size(), 0.0f)));
@@ -345,7 +345,8 @@ TEST_CASE("A whole one-chunk CUDA GPT matches the CPU model: loss and every grad
   Report(tag, "mean loss (cpu " + std::to_string(cpu_loss) + ")", loss_error, kLossTolerance);
   CHECK(loss_error <= kLossTolerance);
 
-  PO_MODEL_TEST_OK(gpu->Backward(nullptr, nullptr, saved.bytes_ptr(), true, dloss));
+  PO_MODEL_TEST_OK(
+      gpu->Backward(nullptr, nullptr, saved.bytes_ptr(), true, dloss, EntryLayout::kSaved));
   CompareParamGrads(tag, cpu, *gpu, stream);
 }
 

@@ -265,6 +265,9 @@ TEST_CASE(
   // Full keeps a fraction of an entry: lower everywhere. Lean keeps 20 of 32 C bytes and, while
   // an entry is rebuilt, holds its lean block and the full entry at once: lower on stage 0, which
   // has the most entries in flight (on the last stage, with few, that moment may top keeping).
+  // These are the logical peaks the compiler predicts: unsplit, B reads the lean blocks of
+  // chunks without the head in place (BackwardReadsRetained; no RecomputeSaved, so nothing here
+  // may count on one), and the stash still counts the full entry from RECOMPUTE_LEAN on.
   for (std::size_t d = 0; d < keep.measured_peak.size(); ++d) {
     INFO("stage " << d);
     CHECK(full.measured_peak[d] < keep.measured_peak[d]);
@@ -275,8 +278,9 @@ TEST_CASE(
   // Full recompute reruns the same kernels: every loss and parameter bit as keeping.
   CHECK(full.losses == keep.losses);
   CHECK(SameHashes(full, keep));
-  // Lean rebuilds gelu(fch) from the bf16 fch: step 0's losses (forward only) are the same
-  // bits; later ones within bf16 noise of the fc-proj weight gradient's last bits.
+  // Lean rebuilds gelu(fch) from the bf16 fch (in B or in RecomputeSaved, the same kernel):
+  // step 0's losses (forward only) are the same bits; later ones within bf16 noise of the
+  // fc-proj weight gradient's last bits.
   REQUIRE(lean.losses.size() == keep.losses.size());
   for (std::size_t i = 0; i < keep.losses[0].size(); ++i) {
     CHECK(lean.losses[0][i] == keep.losses[0][i]);

@@ -14,6 +14,10 @@
 // two-layer chunk so the full-recompute workspace is shared by two layers) with split and unsplit
 // backward, and on the benchmark's layer stack. Plus the sizes each mode retains, and the -1
 // of a model created without recompute.
+// Lean entries B reads in place (StageModel::BackwardReadsRetained: unsplit, no head), as the
+// runtime hands them over (no RecomputeSaved, the lean block as `saved`): every input gradient
+// and parameter gradient bitwise as rebuilding the entry first; which (chunk, mode, split) say
+// so; and the refusals of a lean block the chunk cannot read.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,9 +26,11 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "examples/gpt/cuda/gpt_cuda_stage_model.h"
 #include "examples/gpt/cuda/gpt_layer_stack.h"
 #include "examples/gpt/gpt_data.h"
+#include "pipeoffload/cuda_stream.h"
 #include "tests/gpt_cuda/gpt_cuda_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/catch.h"
@@ -70,14 +76,20 @@ std::vector<std::uint8_t> Download(const DeviceBytes& buffer, std::int64_t bytes
 
 struct StepRun {
   std::map<std::pair<int, int>, std::vector<std::uint8_t>> outputs;  // (chunk, mb): F's output
-  std::map<std::pair<int, int>, std::vector<std::uint8_t>> entries;  // what B read
+  // What B read (entries B read in place: absent), and what it wrote for the previous chunk.
+  std::map<std::pair<int, int>, std::vector<std::uint8_t>> entries;
+  std::map<std::pair<int, int>, std::vector<std::uint8_t>> input_grads;
   std::vector<double> losses;
   std::map<int, std::vector<float>> grads;  // tensor id -> gradient
+  int read_in_place = 0;                    // entries B got as their retained block
 };
 
 // One training step's F, (RECOMPUTE,) B and W of a single-stage model with v chunks, in
 // pipeline order (all F, then B in reverse chunk order, W after every B when split).
-StepRun RunStep(GptCudaStageModel& model, bool split, bool mixed, Recompute only) {
+// `in_place`: an entry whose mode the model's BackwardReadsRetained names goes to B as the
+// runtime then passes it, the retained block itself, without RecomputeSaved.
+StepRun RunStep(GptCudaStageModel& model, bool split, bool mixed, Recompute only,
+                bool in_place = false) {
   const int m = model.config().num_microbatches;
   const int v = model.chunks_per_stage();
   const std::int64_t boundary = model.BoundaryBytes();
@@ -108,18 +120,25 @@ StepRun RunStep(GptCudaStageModel& model, bool split, bool mixed, Recompute only
   for (int c = v - 1; c >= 0; --c) {
     for (int mb = 0; mb < m; ++mb) {
       const Recompute mode = ModeOf(mixed, only, c, mb);
-      if (mode != Recompute::kNone) {
-        auto rebuilt = std::make_unique<DeviceBytes>(model.SavedBytes(c, split));
-        PO_MODEL_TEST_OK(
-            model.RecomputeSaved(mb, c, stash[{c, mb}]->data(), rebuilt->data(), mode));
-        stash[{c, mb}]->Poison();  // the runtime frees it: nothing may read it again
-        stash[{c, mb}] = std::move(rebuilt);
+      const bool reads_retained =
+          in_place && mode != Recompute::kNone && model.BackwardReadsRetained(c, mode, split);
+      if (reads_retained) {
+        ++run.read_in_place;
+      } else {
+        if (mode != Recompute::kNone) {
+          auto rebuilt = std::make_unique<DeviceBytes>(model.SavedBytes(c, split));
+          PO_MODEL_TEST_OK(
+              model.RecomputeSaved(mb, c, stash[{c, mb}]->data(), rebuilt->data(), mode));
+          stash[{c, mb}]->Poison();  // the runtime frees it: nothing may read it again
+          stash[{c, mb}] = std::move(rebuilt);
+        }
+        run.entries[{c, mb}] = Download(*stash[{c, mb}], model.SavedBytes(c, false));
       }
-      run.entries[{c, mb}] = Download(*stash[{c, mb}], model.SavedBytes(c, false));
       auto grad_input = std::make_unique<DeviceBytes>(boundary);
       PO_MODEL_TEST_OK(model.Backward(mb, c, c == v - 1 ? nullptr : gradient[{c + 1, mb}]->data(),
                                       c == 0 ? nullptr : grad_input->data(), stash[{c, mb}]->data(),
                                       !split));
+      if (c > 0) run.input_grads[{c, mb}] = Download(*grad_input, boundary);
       gradient[{c, mb}] = std::move(grad_input);
     }
   }
@@ -183,6 +202,18 @@ void CheckLeanEntry(GptCudaStageModel& model, int c, const std::vector<std::uint
   }
   CHECK(std::memcmp(got.data() + from, want.data() + from,
                     got.size() - static_cast<std::size_t>(from)) == 0);
+}
+
+// The layer stacks here: two chunks of two layers, small enough for seconds.
+LayerStackShape SmallStack() {
+  LayerStackShape shape;
+  shape.hidden = 256;
+  shape.heads = 4;
+  shape.seq = 128;
+  shape.batch = 2;
+  shape.layers_per_chunk = 2;
+  shape.chunks_per_stage = 2;
+  return shape;
 }
 
 bool IsFcProjWeight(const GptConfig& config, int id) {
@@ -254,8 +285,10 @@ TEST_CASE("CUDA GPT recompute: full bitwise as keeping, lean within the GELU's r
   std::fflush(stdout);
 }
 
-TEST_CASE("CUDA GPT retained sizes: full keeps the input, lean the lean layout",
-          "[gpt_cuda][gpt_cuda_recompute]") {
+TEST_CASE(
+    "CUDA GPT retained sizes: full keeps the input, lean the lean layout, which B reads in "
+    "place unsplit and without the head",
+    "[gpt_cuda][gpt_cuda_recompute]") {
   const GptConfig config = RecomputeConfig();
   auto data = std::make_shared<const GptData>(GptData::Synthetic());
   auto backend = testing::NewCudaBackend();
@@ -291,20 +324,39 @@ TEST_CASE("CUDA GPT retained sizes: full keeps the input, lean the lean layout",
     // A lean saved layout is lean already: only full recompute is offered.
     CHECK(lean_saved->RetainedBytes(c, Recompute::kLean, false) == -1);
     CHECK(lean_saved->RetainedBytes(c, Recompute::kFull, false) == want_full[c]);
+    // B reads a lean block in place only unsplit and without the head (2), which reads lnf_out.
+    CHECK(model->BackwardReadsRetained(c, Recompute::kLean, false) == (c < 2));
+    CHECK(model->chunk(c).BackwardReadsLean() == (c < 2));
+    CHECK_FALSE(model->BackwardReadsRetained(c, Recompute::kLean, true));
+    CHECK_FALSE(model->BackwardReadsRetained(c, Recompute::kFull, false));
+    CHECK_FALSE(model->BackwardReadsRetained(c, Recompute::kNone, false));
+    CHECK_FALSE(plain->BackwardReadsRetained(c, Recompute::kLean, false));
+    CHECK_FALSE(lean_saved->BackwardReadsRetained(c, Recompute::kLean, false));
   }
   CHECK(model->RetainedBytes(3, Recompute::kFull, false) == -1);
+  CHECK_FALSE(model->BackwardReadsRetained(-1, Recompute::kLean, false));
+  CHECK_FALSE(model->BackwardReadsRetained(3, Recompute::kLean, false));
   CHECK(model->device_bytes() > plain->device_bytes());  // the workspace and the lean scratch
+
+  // A lean block of the head handed to B without its rebuild: refused, naming why.
+  const std::int64_t boundary = model->BoundaryBytes();
+  DeviceBytes input(boundary), grad_input(boundary),
+      retained(model->RetainedBytes(2, Recompute::kLean, false));
+  input.Zero();
+  PO_MODEL_TEST_OK(model->StartIteration(0));
+  PO_MODEL_TEST_OK(model->ForwardRetaining(0, 2, input.data(), nullptr, retained.data(),
+                                           Recompute::kLean));
+  const absl::Status status =
+      model->Backward(0, 2, nullptr, grad_input.data(), retained.data(), true);
+  INFO(status.ToString());
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(absl::StrContains(status.message(), "head"));
+  PO_MODEL_TEST_OK(model->Synchronize());
 }
 
 TEST_CASE("Layer stack recompute: full gives no-recompute's gradient bits, lean all but fc-proj's",
           "[gpt_cuda][gpt_cuda_recompute][gpt_cuda_stack]") {
-  LayerStackShape shape;
-  shape.hidden = 256;
-  shape.heads = 4;
-  shape.seq = 128;
-  shape.batch = 2;
-  shape.layers_per_chunk = 2;
-  shape.chunks_per_stage = 2;
+  LayerStackShape shape = SmallStack();
   const bool split = GENERATE(false, true);
   CAPTURE(split);
   LayerStackShape recompute_shape = shape;
@@ -373,6 +425,177 @@ TEST_CASE("Layer stack recompute: full gives no-recompute's gradient bits, lean 
   for (std::size_t k = 0; k < hashes[0].size(); ++k) {
     INFO("parameter " << k);
     if (k % 12 != 10) CHECK(hashes[2][k] == hashes[0][k]);  // 10: fc-proj weight
+  }
+}
+
+TEST_CASE("CUDA GPT lean entries B reads in place: RecomputeSaved + B's bits",
+          "[gpt_cuda][gpt_cuda_recompute]") {
+  // Every entry lean, or a mix of keep / lean / full (a Forward and a ForwardRetaining(kFull)
+  // beside lean ones of the same chunk: each B must see its own entry's layout).
+  const bool mixed = GENERATE(false, true);
+  CAPTURE(mixed);
+  const GptConfig config = RecomputeConfig();
+  auto data = std::make_shared<const GptData>(GptData::Synthetic());
+  auto backend = testing::NewCudaBackend();
+  const GptCudaStageOptions options{.recompute = true};
+  auto rebuilding = ValueOrFail(GptCudaStageModel::Create(*backend, config, 1, 3, 0, data, options));
+  auto in_place = ValueOrFail(GptCudaStageModel::Create(*backend, config, 1, 3, 0, data, options));
+  const StepRun want = RunStep(*rebuilding, /*split=*/false, mixed, Recompute::kLean);
+  const StepRun got = RunStep(*in_place, /*split=*/false, mixed, Recompute::kLean,
+                              /*in_place=*/true);
+  // The lean entries of chunks 0 and 1 (the head's are rebuilt).
+  int lean_without_head = 0;
+  for (int c = 0; c < 2; ++c) {
+    for (int mb = 0; mb < config.num_microbatches; ++mb) {
+      lean_without_head += ModeOf(mixed, Recompute::kLean, c, mb) == Recompute::kLean ? 1 : 0;
+    }
+  }
+  REQUIRE(lean_without_head > 0);
+  CHECK(got.read_in_place == lean_without_head);
+  CHECK(std::memcmp(got.losses.data(), want.losses.data(), 8 * want.losses.size()) == 0);
+  CHECK(got.outputs == want.outputs);
+  for (const auto& [key, bytes] : got.entries) {  // the entries both rebuilt or kept
+    INFO("entry of chunk " << key.first << " mb " << key.second);
+    CHECK(want.entries.at(key) == bytes);
+  }
+  REQUIRE(got.input_grads.size() == want.input_grads.size());
+  for (const auto& [key, bytes] : want.input_grads) {
+    INFO("input gradient of chunk " << key.first << " mb " << key.second);
+    CHECK(got.input_grads.at(key) == bytes);
+  }
+  for (const auto& [id, grad] : want.grads) {
+    INFO("gradient of tensor " << id);
+    REQUIRE(AllFinite(grad));
+    CHECK(got.grads.at(id) == grad);
+  }
+}
+
+TEST_CASE("GptCudaChunk refuses a lean block it cannot read, naming why",
+          "[gpt_cuda][gpt_cuda_recompute]") {
+  const GptConfig config = RecomputeConfig();
+  auto backend = testing::NewCudaBackend();
+  cudaStream_t stream = ValueOrFail(CudaComputeStream(*backend));
+  const LayerDims dims{config.batch_size, config.seq_len, config.n_embd, config.n_head};
+  const std::int64_t boundary = std::int64_t{dims.N()} * dims.C * 2;
+  // Every check comes before a kernel: these buffers are never read.
+  DeviceBytes grad_output(boundary), grad_input(boundary), block(boundary);
+  const auto* dout = static_cast<const bf16*>(grad_output.data());
+  auto* dinp = static_cast<bf16*>(grad_input.data());
+  // Backward of virtual stage `stage` (of 3) on a lean block: its status's message.
+  const auto refusal = [&](GptCudaContext& context, int stage, bool with_weight_grad) {
+    auto chunk = ValueOrFail(GptCudaChunk::CreateGpt(config, stage, 3, context));
+    // BackwardReadsLean covers the static conditions; Backward itself refuses a split backward.
+    if (with_weight_grad) CHECK_FALSE(chunk->BackwardReadsLean());
+    const absl::Status status =
+        chunk->Backward(stage == 2 ? nullptr : dout, stage == 0 ? nullptr : dinp,
+                        block.bytes_ptr(), with_weight_grad, 1.0f, EntryLayout::kLeanRetained);
+    INFO(status.ToString());
+    CHECK(absl::IsInvalidArgument(status));
+    return std::string(status.message());
+  };
+  LayerDims scratch = dims;
+  scratch.lean_scratch = true;
+  auto with_scratch = ValueOrFail(GptCudaContext::Create(scratch, 0, stream));
+  for (int stage : {0, 1}) {
+    auto chunk = ValueOrFail(GptCudaChunk::CreateGpt(config, stage, 3, *with_scratch));
+    CHECK(chunk->BackwardReadsLean());
+  }
+  CHECK(absl::StrContains(refusal(*with_scratch, 2, true), "head"));
+  CHECK(absl::StrContains(refusal(*with_scratch, 1, false), "split backward"));
+  auto without_scratch = ValueOrFail(GptCudaContext::Create(dims, 0, stream));
+  CHECK(absl::StrContains(refusal(*without_scratch, 1, true), "lean scratch"));
+  LayerDims lean = dims;
+  lean.lean_saved = true;
+  auto lean_saved = ValueOrFail(GptCudaContext::Create(lean, 0, stream));
+  CHECK(absl::StrContains(refusal(*lean_saved, 0, true), "lean_saved"));
+}
+
+TEST_CASE("Layer stack lean entries B reads in place: RecomputeSaved + B's bits",
+          "[gpt_cuda][gpt_cuda_recompute][gpt_cuda_stack]") {
+  LayerStackShape shape = SmallStack();
+  shape.recompute = true;
+  auto backend = testing::NewCudaBackend();
+  {
+    LayerStackShape plain = shape;
+    plain.recompute = false;
+    LayerStackShape lean_saved = shape;
+    lean_saved.lean_saved = true;
+    auto without = ValueOrFail(CreateCudaGptLayerStack(*backend, plain));
+    auto lean = ValueOrFail(CreateCudaGptLayerStack(*backend, lean_saved));
+    for (int c = 0; c < 2; ++c) {
+      CHECK_FALSE(without->BackwardReadsRetained(c, Recompute::kLean, false));
+      CHECK_FALSE(lean->BackwardReadsRetained(c, Recompute::kLean, false));
+    }
+  }
+  const std::int64_t boundary = shape.BoundaryBytes();
+  struct Run {
+    std::vector<std::vector<std::uint8_t>> input_grads;
+    std::vector<std::uint64_t> hashes;
+  };
+  // Two microbatches through both chunks, every entry lean (chunk 1's B before chunk 0's), then
+  // a third microbatch of chunk 0 kept full; `in_place`: B reads the lean blocks as they are.
+  const auto run = [&](bool in_place) {
+    auto model = ValueOrFail(CreateCudaGptLayerStack(*backend, shape));
+    for (int c = 0; c < 2; ++c) {
+      CHECK(model->BackwardReadsRetained(c, Recompute::kLean, false));
+      CHECK_FALSE(model->BackwardReadsRetained(c, Recompute::kLean, true));
+      CHECK_FALSE(model->BackwardReadsRetained(c, Recompute::kFull, false));
+    }
+    CHECK_FALSE(model->BackwardReadsRetained(2, Recompute::kLean, false));
+    std::vector<std::unique_ptr<DeviceBytes>> retained, acts, grads;  // [2 c + mb], grads by B
+    for (int c = 0; c < 2; ++c) {
+      for (int mb = 0; mb < 2; ++mb) {
+        retained.push_back(
+            std::make_unique<DeviceBytes>(model->RetainedBytes(c, Recompute::kLean, false)));
+        acts.push_back(std::make_unique<DeviceBytes>(boundary));
+        const void* input = c == 0 ? nullptr : acts[static_cast<std::size_t>(mb)]->data();
+        PO_MODEL_TEST_OK(model->ForwardRetaining(mb, c, input, acts.back()->data(),
+                                                 retained.back()->data(), Recompute::kLean));
+      }
+    }
+    Run result;
+    for (int c = 1; c >= 0; --c) {
+      for (int mb = 0; mb < 2; ++mb) {
+        DeviceBytes& entry = *retained[static_cast<std::size_t>(2 * c + mb)];
+        std::unique_ptr<DeviceBytes> rebuilt;
+        void* saved = entry.data();
+        if (!in_place) {
+          rebuilt = std::make_unique<DeviceBytes>(model->SavedBytes(c, false));
+          PO_MODEL_TEST_OK(
+              model->RecomputeSaved(mb, c, entry.data(), rebuilt->data(), Recompute::kLean));
+          entry.Poison();
+          saved = rebuilt->data();
+        }
+        grads.push_back(std::make_unique<DeviceBytes>(boundary));
+        const void* grad_output = c == 1 ? nullptr : grads[static_cast<std::size_t>(mb)]->data();
+        PO_MODEL_TEST_OK(model->Backward(mb, c, grad_output, grads.back()->data(), saved, true));
+        result.input_grads.push_back(Download(*grads.back(), boundary));
+      }
+    }
+    // In place, the entry was first written lean, then rewritten full by Forward: B must read
+    // the full layout (the model forgets the lean mark), as the run that only kept it does.
+    DeviceBytes full(model->SavedBytes(0, false)), lean(model->RetainedBytes(0, Recompute::kLean,
+                                                                              false)),
+        output(boundary), grad_input(boundary);
+    if (in_place) {
+      PO_MODEL_TEST_OK(
+          model->ForwardRetaining(2, 0, nullptr, output.data(), lean.data(), Recompute::kLean));
+    }
+    PO_MODEL_TEST_OK(model->Forward(2, 0, nullptr, output.data(), full.data()));
+    PO_MODEL_TEST_OK(
+        model->Backward(2, 0, grads[0]->data(), grad_input.data(), full.data(), true));
+    result.input_grads.push_back(Download(grad_input, boundary));
+    result.hashes = ValueOrFail(LayerStackGradHashes(*model));
+    return result;
+  };
+  const Run want = run(false);
+  const Run got = run(true);
+  REQUIRE(want.hashes.size() == 2 * 2 * 12);
+  CHECK(got.hashes == want.hashes);
+  REQUIRE(got.input_grads.size() == want.input_grads.size());
+  for (std::size_t i = 0; i < want.input_grads.size(); ++i) {
+    INFO("input gradient " << i);
+    CHECK(got.input_grads[i] == want.input_grads[i]);
   }
 }
 

@@ -256,19 +256,25 @@ TEST_CASE("stash reports a full host pool and a full arena with the entry", "[ru
 namespace pipeoffload {
 namespace {
 
+// Entry (mb 0, chunk 0) of `bytes`, every byte 0x5A: F's retained block.
+void* CreateRetained(ActivationStash& stash, std::int64_t bytes) {
+  absl::StatusOr<void*> retained = stash.Create(0, 0, bytes);
+  REQUIRE(retained.ok());
+  std::memset(*retained, 0x5A, static_cast<std::size_t>(bytes));
+  return *retained;
+}
+
 TEST_CASE("Regrow holds both blocks until DropRetained, then the full entry alone",
           "[memory][stash][recompute]") {
   Fixture f;
   ActivationStash& stash = *f.stash;
   constexpr std::int64_t kRetained = 100;
-  absl::StatusOr<void*> retained = stash.Create(0, 0, kRetained);
-  REQUIRE(retained.ok());
-  std::memset(*retained, 0x5A, kRetained);
+  void* const retained = CreateRetained(stash, kRetained);
   CHECK(stash.device_bytes() == kRetained);
   absl::StatusOr<ActivationStash::Regrown> blocks = stash.Regrow(0, 0, kBytes);
   REQUIRE(blocks.ok());
-  CHECK(blocks->retained == *retained);
-  CHECK(blocks->full != *retained);
+  CHECK(blocks->retained == retained);
+  CHECK(blocks->full != retained);
   // The new block is zero-filled (poisoning is on), the retained one untouched.
   const auto* full = static_cast<const unsigned char*>(blocks->full);
   const auto* kept = static_cast<const unsigned char*>(blocks->retained);
@@ -290,6 +296,45 @@ TEST_CASE("Regrow holds both blocks until DropRetained, then the full entry alon
   REQUIRE(stash.Free(0, 0).ok());
   CHECK(stash.device_bytes() == 0);
   CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+}
+
+TEST_CASE("Regrow in place counts the full entry and keeps the retained block as its device copy",
+          "[memory][stash][recompute]") {
+  Fixture f;
+  ActivationStash& stash = *f.stash;
+  constexpr std::int64_t kRetained = 100;
+  void* const retained = CreateRetained(stash, kRetained);
+  absl::StatusOr<ActivationStash::Regrown> blocks = stash.Regrow(0, 0, kBytes, /*in_place=*/true);
+  REQUIRE(blocks.ok());
+  CHECK(blocks->retained == retained);
+  CHECK(blocks->full == retained);
+  // Logically both blocks for the call, as the compiler models it; physically the one block.
+  CHECK(stash.device_bytes() == kRetained + kBytes);
+  CHECK(stash.device_high_water_bytes() == kRetained + kBytes);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kRetained);
+  REQUIRE(stash.DropRetained(0, 0).ok());
+  CHECK(stash.device_bytes() == kBytes);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kRetained);
+  CHECK(stash.DeviceData(0, 0).value() == retained);
+  // The poison scan reads the block it has (kRetained bytes), not the counted kBytes: a
+  // neighbour's poison past its end is not this entry's.
+  absl::StatusOr<void*> next = stash.Create(1, 0, 64);
+  REQUIRE(next.ok());
+  REQUIRE(stash.Free(1, 0).ok());  // poisons the freed block
+  CHECK(stash.FindPoison(0, 0).value() == -1);
+  REQUIRE(stash.Free(0, 0).ok());
+  CHECK(stash.device_bytes() == 0);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+}
+
+TEST_CASE("Clear frees an in-place regrown entry once", "[memory][stash][recompute]") {
+  Fixture f;
+  REQUIRE(f.stash->Create(1, 0, 64).ok());
+  REQUIRE(f.stash->Regrow(1, 0, kBytes, /*in_place=*/true).ok());
+  f.stash->Clear(kTimeout);
+  CHECK(f.stash->device_bytes() == 0);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
+  CHECK(f.arena->num_free_ranges() == 1);
 }
 
 TEST_CASE("Clear frees a retained block left by a failed recompute", "[memory][stash][recompute]") {

@@ -127,10 +127,12 @@ int CountRecomputeOps(const Schedule& schedule, OpKind kind) {
 
 // Runs `schedule` on the toy model (kWidth, kExtraWords): every stage must succeed and the
 // gradients equal the single-process reference's. Returns each stage's outcome.
-std::vector<StageOutcome> RunBitwise(const Schedule& schedule) {
+// With `backward_reads_lean`, the model's B reads lean retained blocks as they are.
+std::vector<StageOutcome> RunBitwise(const Schedule& schedule, bool backward_reads_lean = false) {
   HarnessOptions options;
   options.width = kWidth;
   options.extra_words = kExtraWords;
+  options.backward_reads_lean = backward_reads_lean;
   const std::vector<StageOutcome> outcomes = RunToyPipeline(schedule, options);
   for (std::size_t d = 0; d < outcomes.size(); ++d) {
     INFO("stage " << d << ": " << outcomes[d].status.ToString());
@@ -410,6 +412,76 @@ TEST_CASE("an offloaded retained block's bytes and host slot are exact by hand",
   // F0; RELEASE0; F1; RELOAD0; RECOMPUTE0 grows, drops; B0; RECOMPUTE1 grows, drops; B1.
   CHECK(bytes == std::vector<std::int64_t>{0, lean, 0, lean, 2 * lean, 2 * lean + saved,
                                            lean + saved, lean, lean + saved, saved, 0});
+}
+
+TEST_CASE("a model whose B reads the lean block is not rebuilt: same bits and logical peaks, "
+          "less device memory",
+          "[runtime][recompute][offload]") {
+  // StageModel::BackwardReadsRetained: RECOMPUTE_LEAN allocates and copies nothing. The
+  // logical stash (what the compiler predicts) is unchanged to the byte; the physical one is
+  // lower wherever a lean entry waits for its B, and never higher.
+  for (const Family family : {Family::k1F1B, Family::kInterleaved}) {
+    const int chunks = family == Family::k1F1B ? 1 : 2;
+    for (const Pick pick : {Pick::kLean, Pick::kMixed}) {
+      for (const bool offload : {false, true}) {
+        const Case c{family, chunks, /*split=*/false, pick};
+        INFO(Name(c) << (offload ? " + po-f" : ""));
+        absl::StatusOr<Schedule> schedule =
+            offload ? OffloadedRecomputeSchedule(c) : CaseSchedule(c);
+        INFO(schedule.status().ToString());
+        REQUIRE(schedule.ok());
+        REQUIRE(CountRecomputeOps(*schedule, OpKind::kRecomputeLean) > 0);
+        const std::vector<StageOutcome> rebuilt = RunBitwise(*schedule);
+        const std::vector<StageOutcome> in_place = RunBitwise(*schedule, true);
+        CheckStagesAsPredicted(*schedule, in_place);
+        for (std::size_t d = 0; d < in_place.size(); ++d) {
+          CAPTURE(d);
+          const IterationStats& read = in_place[d].iterations[0];
+          const IterationStats& copied = rebuilt[d].iterations[0];
+          CHECK(read.stash_high_water_bytes == copied.stash_high_water_bytes);
+          CHECK(read.stash_physical_high_water_bytes <= copied.stash_physical_high_water_bytes);
+        }
+        // Every entry lean: stage 0 peaks while one is rebuilt next to the others; in place,
+        // it holds only the lean block there.
+        if (pick == Pick::kLean) {
+          CHECK(in_place[0].iterations[0].stash_physical_high_water_bytes <
+                rebuilt[0].iterations[0].stash_physical_high_water_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a lean block read in place: logical and physical bytes by hand",
+          "[runtime][recompute]") {
+  // F0 F1 keep lean blocks; RECOMPUTE_LEAN0 counts the full entry (logical, as predicted) but
+  // allocates nothing; B0 frees the lean block. Physical never exceeds the two lean blocks.
+  const HandCase hand = OneStageHandCase(
+      Recompute::kLean, {{OpKind::kForward, 0, 0, -1},
+                         {OpKind::kForward, 1, 0, -1},
+                         {OpKind::kRecomputeLean, 0, 0, -1},
+                         {OpKind::kBackward, 0, 0, -1},
+                         {OpKind::kRecomputeLean, 1, 0, -1},
+                         {OpKind::kBackward, 1, 0, -1}});
+  const std::int64_t saved = hand.saved;
+  const std::int64_t lean = hand.retained;
+  REQUIRE(lean < saved);
+  HarnessOptions options;
+  options.width = kWidth;
+  options.extra_words = kExtraWords;
+  options.backward_reads_lean = true;
+  const std::vector<StageOutcome> outcomes = RunToyPipeline(hand.schedule, options);
+  REQUIRE(outcomes[0].status.ok());
+  const IterationStats& measured = outcomes[0].iterations[0];
+  CHECK(measured.stash_high_water_bytes == 2 * lean + saved);
+  CHECK(measured.stash_physical_high_water_bytes == 2 * lean);
+  CHECK(outcomes[0].arena_in_use_after == 0);
+  CHECK(GradsByVirtualStage(outcomes, 1, 1) ==
+        ToyReference(ToyConfig{1, 1, 2, kWidth, kExtraWords}));
+  std::vector<std::int64_t> bytes;
+  for (const MemorySample& sample : measured.memory) bytes.push_back(sample.bytes);
+  CHECK(bytes == std::vector<std::int64_t>{0, lean, 2 * lean, 2 * lean + saved, lean + saved,
+                                           lean, lean + saved, saved, 0});
 }
 
 // The toy model without its recompute hooks: StageModel's defaults.

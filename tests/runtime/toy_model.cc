@@ -52,7 +52,7 @@ std::int64_t ToyStageModel::SavedBytes(int chunk, bool split_backward) const {
 
 std::int64_t ToyStageModel::BoundaryBytes() const { return 4 * config_.width; }
 
-absl::Status ToyStageModel::CheckStamp(int mb, int chunk, const float* saved, bool) const {
+absl::Status ToyStageModel::CheckStamp(int mb, int chunk, const float* saved, int extra) const {
   std::uint32_t stamp[kStampWords];
   std::memcpy(stamp, saved, sizeof(stamp));
   if (stamp[0] != static_cast<std::uint32_t>(mb) ||
@@ -61,7 +61,6 @@ absl::Status ToyStageModel::CheckStamp(int mb, int chunk, const float* saved, bo
                                             chunk, ") holds stamp (", stamp[0], ", ", stamp[1],
                                             ", ", stamp[2], ")"));
   }
-  const int extra = config_.extra_words * (chunk + 1);
   const float* extra_words = saved + kStampWords + config_.width;
   for (int k = 0; k < extra; ++k) {
     std::uint32_t word;
@@ -89,8 +88,13 @@ std::int64_t ToyStageModel::RetainedBytes(int chunk, Recompute mode, bool) const
   return 4 * (kStampWords + config_.width + KeptExtraWords(chunk, mode));
 }
 
+bool ToyStageModel::BackwardReadsRetained(int, Recompute mode, bool split_backward) const {
+  return config_.backward_reads_lean && mode == Recompute::kLean && !split_backward;
+}
+
 absl::Status ToyStageModel::Forward(int mb, int chunk, const void* input, void* output,
                                     void* saved) {
+  lean_entries_.erase({mb, chunk});
   return RunForward(mb, chunk, input, output, static_cast<float*>(saved),
                     KeptExtraWords(chunk, Recompute::kNone));
 }
@@ -99,6 +103,11 @@ absl::Status ToyStageModel::ForwardRetaining(int mb, int chunk, const void* inpu
                                              void* retained, Recompute mode) {
   if (mode == Recompute::kNone) {
     return absl::InvalidArgumentError("toy model: ForwardRetaining with mode none");
+  }
+  if (mode == Recompute::kLean && config_.backward_reads_lean) {
+    lean_entries_.insert({mb, chunk});
+  } else {
+    lean_entries_.erase({mb, chunk});
   }
   return RunForward(mb, chunk, input, output, static_cast<float*>(retained),
                     KeptExtraWords(chunk, mode));
@@ -109,6 +118,7 @@ absl::Status ToyStageModel::RecomputeSaved(int mb, int chunk, const void* retain
   if (mode == Recompute::kNone) {
     return absl::InvalidArgumentError("toy model: RecomputeSaved with mode none");
   }
+  lean_entries_.erase({mb, chunk});  // a full entry from here on
   const auto* kept = static_cast<const float*>(retained);
   std::uint32_t stamp[kStampWords];
   std::memcpy(stamp, kept, sizeof(stamp));
@@ -181,7 +191,14 @@ absl::Status ToyStageModel::Backward(int mb, int chunk, const void* grad_output,
   const int n = config_.width;
   const int l = VirtualStage(chunk);
   auto* words = static_cast<float*>(saved);
-  if (absl::Status ok = CheckStamp(mb, chunk, words, !with_weight_grad); !ok.ok()) return ok;
+  // A lean retained block (never split: BackwardReadsRetained) holds only the kept words.
+  const bool lean = lean_entries_.erase({mb, chunk}) > 0;
+  if (lean && !with_weight_grad) {
+    return absl::InternalError(absl::StrCat("toy model: a split B of (mb ", mb, ", chunk ", chunk,
+                                            ") got a lean retained block"));
+  }
+  const int extra = KeptExtraWords(chunk, lean ? Recompute::kLean : Recompute::kNone);
+  if (absl::Status ok = CheckStamp(mb, chunk, words, extra); !ok.ok()) return ok;
   if ((l == 0) != (grad_input == nullptr)) {
     return absl::InternalError(absl::StrCat("toy model: B of virtual stage ", l, " got ",
                                             grad_input == nullptr ? "no" : "a", " grad_input"));
@@ -210,7 +227,10 @@ absl::Status ToyStageModel::Backward(int mb, int chunk, const void* grad_output,
 absl::Status ToyStageModel::BackwardWeight(int mb, int chunk, void* saved) {
   const int n = config_.width;
   auto* words = static_cast<float*>(saved);
-  if (absl::Status ok = CheckStamp(mb, chunk, words, true); !ok.ok()) return ok;
+  if (absl::Status ok = CheckStamp(mb, chunk, words, KeptExtraWords(chunk, Recompute::kNone));
+      !ok.ok()) {
+    return ok;
+  }
   const float* x = words + kStampWords;
   const float* dy = words + kStampWords + n + config_.extra_words * (chunk + 1);
   ToyGrads& grads = grads_[static_cast<std::size_t>(chunk)];
@@ -279,7 +299,8 @@ std::vector<StageOutcome> RunToyStages(const Schedule& schedule,
                          spec.num_microbatches,
                          options.width,
                          options.extra_words,
-                         spec.placement};
+                         spec.placement,
+                         options.backward_reads_lean};
   auto run_stage = [&](int d) {
     StageOutcome& outcome = outcomes[static_cast<std::size_t>(d)];
     Backend& backend = *backends[static_cast<std::size_t>(d)];

@@ -10,12 +10,15 @@
 // must survive offload and reload.
 // Recompute: kFull keeps the stamp and x (the chunk's input); kLean also keeps the first half
 // of the extra words. RecomputeSaved rebuilds the rest, so a recomputed entry is bitwise the
-// entry Forward writes.
+// entry Forward writes. With backward_reads_lean, B of an unsplit lean entry reads the retained
+// block itself (the model remembers which entries ForwardRetaining wrote lean).
 #ifndef PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
 #define PIPEOFFLOAD_TESTS_RUNTIME_TOY_MODEL_H_
 
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +40,9 @@ struct ToyConfig {
   // Extra words saved per chunk: chunk c saves extra_words * (c + 1), so chunks differ in size.
   int extra_words = 0;
   Placement placement = Placement::kLoop;  // which virtual stage (layers) a chunk computes
+  // BackwardReadsRetained for kLean without split backward: B reads a lean retained block as
+  // it is (checking only the extra words lean keeps), so the runtime rebuilds nothing.
+  bool backward_reads_lean = false;
 };
 
 // Parameter gradients of one virtual stage.
@@ -61,6 +67,7 @@ class ToyStageModel final : public StageModel {
                                 void* retained, Recompute mode) override;
   absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
                               Recompute mode) override;
+  bool BackwardReadsRetained(int chunk, Recompute mode, bool split_backward) const override;
 
   // Gradients of chunk c (virtual stage c * p + stage).
   const ToyGrads& grads(int chunk) const { return grads_[static_cast<std::size_t>(chunk)]; }
@@ -75,7 +82,8 @@ class ToyStageModel final : public StageModel {
   std::int64_t Words(int chunk, bool split) const;
   // Extra words an entry of `chunk` holds: all of them, or the ones `mode` keeps.
   int KeptExtraWords(int chunk, Recompute mode) const;
-  absl::Status CheckStamp(int mb, int chunk, const float* saved, bool split) const;
+  // The stamp and the first `extra` extra words of an entry.
+  absl::Status CheckStamp(int mb, int chunk, const float* saved, int extra) const;
   // Forward writing the stamp, x and the first `extra` extra words to `words`.
   absl::Status RunForward(int mb, int chunk, const void* input, void* output, float* words,
                           int extra);
@@ -85,6 +93,8 @@ class ToyStageModel final : public StageModel {
   std::vector<std::vector<float>> a_, b_;  // [chunk][n]
   std::vector<ToyGrads> grads_;            // [chunk]
   std::vector<float> losses_;              // [mb]
+  // (mb, chunk) whose entry is a lean retained block B reads as it is (backward_reads_lean).
+  std::set<std::pair<int, int>> lean_entries_;
 };
 
 // The microbatch's input on virtual stage 0 and the parameters of virtual stage l.
@@ -110,6 +120,7 @@ struct HarnessOptions {
   int iterations = 1;
   int extra_words = 0;
   int width = 64;
+  bool backward_reads_lean = false;  // ToyConfig's
 };
 
 struct StageOutcome {

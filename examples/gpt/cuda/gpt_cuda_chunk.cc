@@ -430,20 +430,52 @@ absl::Status GptCudaChunk::HeadBackwardWeight(std::byte* saved, bool split) {
                                  At<float>(saved, saved_.lnf_rstd), N, d.C, context_.stream());
 }
 
-absl::Status GptCudaChunk::EncoderBackwardWeight(std::byte* saved, bool split) {
+absl::Status GptCudaChunk::EncoderBackwardWeight(const Region& r, std::byte* saved, bool split) {
   const LayerDims& d = context_.dims();
   return EncoderBackward(G(kTokenEmbeddingId), G(kPositionEmbeddingId), EmbeddingGrad(saved, split),
-                         At<std::int32_t>(saved, saved_.tokens), d.B, d.T, d.C, context_.stream());
+                         At<std::int32_t>(saved, r.tokens), d.B, d.T, d.C, context_.stream());
+}
+
+const char* GptCudaChunk::WhyNotLean() const {
+  if (last_) {
+    return "the chunk holds the head, whose weight gradient reads lnf_out, which the lean block "
+           "does not keep (rebuild it with RecomputeSaved)";
+  }
+  if (lean_.bytes <= 0) {
+    return "the context's dims are lean_saved, so the chunk keeps no lean retained block (its "
+           "saved region is lean already: pass EntryLayout::kSaved)";
+  }
+  if (context_.lean_ln1_out() == nullptr) {
+    return "the context has no lean scratch to recompute ln1, ln2 and gelu(fch) into "
+           "(LayerDims::lean_scratch)";
+  }
+  return nullptr;
 }
 
 absl::Status GptCudaChunk::Backward(const bf16* grad_output, bf16* grad_input, std::byte* saved,
-                                    bool with_weight_grad, float dloss) {
+                                    bool with_weight_grad, float dloss, EntryLayout layout) {
   if (saved == nullptr || (!last_ && grad_output == nullptr) ||
       (!first_ && grad_input == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GptCudaChunk::Backward: a required pointer is null (saved",
         last_ ? "" : ", grad_output", first_ ? "" : ", grad_input", ")"));
   }
+  const bool lean = layout == EntryLayout::kLeanRetained;
+  if (lean) {
+    const char* why = WhyNotLean();
+    if (why == nullptr && !with_weight_grad) {
+      why = "a split backward leaves W's output gradients after the saved layout's "
+            "SavedBytes(false) bytes, which a lean block does not have (rebuild it with "
+            "RecomputeSaved)";
+    }
+    if (why != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GptCudaChunk::Backward cannot read a lean retained block: ", why));
+    }
+  }
+  // Where the forward activations are; a lean block's layers lack ln1, ln2 and g, which
+  // LayerBackwardWeight recomputes into the lean scratch.
+  const Region& r = lean ? lean_ : saved_;
   const LayerDims& d = context_.dims();
   const int N = d.N();
   const std::int64_t nc_bytes = std::int64_t{N} * d.C * 2;
@@ -482,13 +514,13 @@ absl::Status GptCudaChunk::Backward(const bf16* grad_output, bf16* grad_input, s
         GradsOf(i, saved, split, i == num_layers - 1 ? dout_in_place : nullptr);
     bf16* dinp = i > 0 ? const_cast<bf16*>(GradsOf(i - 1, saved, split).dout) : input_grad;
     const LayerActivations a =
-        LayerActivationsAt(saved + saved_.layers[static_cast<std::size_t>(i)], saved_.layer);
+        LayerActivationsAt(saved + r.layers[static_cast<std::size_t>(i)], r.layer);
     PO_RETURN_IF_ERROR(LayerBackwardInput(context_, Weights(i), a, g, dinp));
     if (with_weight_grad) {
       PO_RETURN_IF_ERROR(LayerBackwardWeight(context_, Weights(i), WeightGrads(i), a, g));
     }
   }
-  if (first_ && with_weight_grad) PO_RETURN_IF_ERROR(EncoderBackwardWeight(saved, split));
+  if (first_ && with_weight_grad) PO_RETURN_IF_ERROR(EncoderBackwardWeight(r, saved, split));
   return absl::OkStatus();
 }
 
@@ -503,7 +535,7 @@ absl::Status GptCudaChunk::BackwardWeight(std::byte* saved) {
         LayerActivationsAt(saved + saved_.layers[static_cast<std::size_t>(i)], saved_.layer),
         GradsOf(i, saved, /*split=*/true)));
   }
-  if (first_) PO_RETURN_IF_ERROR(EncoderBackwardWeight(saved, /*split=*/true));
+  if (first_) PO_RETURN_IF_ERROR(EncoderBackwardWeight(saved_, saved, /*split=*/true));
   return absl::OkStatus();
 }
 

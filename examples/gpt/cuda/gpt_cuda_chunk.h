@@ -23,6 +23,10 @@
 // Recompute (StageModel::ForwardRetaining / RecomputeSaved): the lean retained block is the
 // saved region's forward part with each layer in its lean layout and without lnf_out; the full
 // one holds the tokens (first) or the chunk's input, then the targets (last).
+// An unsplit Backward of a chunk without the head can read the lean block as it is
+// (EntryLayout::kLeanRetained, BackwardReadsLean): the input backward never reads ln1, ln2 or g,
+// and the weight backward recomputes them into the context's lean scratch, as it does for a
+// lean_saved layout, so no full entry is rebuilt and nothing is copied.
 //
 // No state outside the saved region survives from Forward to Backward: the runtime may move
 // the entry to host and back to a different address in between. Every call only enqueues work
@@ -33,6 +37,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +49,12 @@
 #include "pipeoffload/stage_model.h"
 
 namespace pipeoffload::gpt::cuda {
+
+// What the region passed to GptCudaChunk::Backward holds.
+enum class EntryLayout : std::uint8_t {
+  kSaved,         // the saved region Forward or RecomputeSaved wrote
+  kLeanRetained,  // the lean retained block ForwardRetaining(kLean) wrote (BackwardReadsLean)
+};
 
 class GptCudaChunk {
  public:
@@ -86,8 +98,17 @@ class GptCudaChunk {
   // written on all but the first; dloss = d(objective)/d(each token's loss) on the last. With
   // `with_weight_grad` also accumulates the parameter gradients; otherwise leaves what
   // BackwardWeight needs in saved (SavedBytes(true) bytes).
+  // `layout` kLeanRetained: `saved` is a lean retained block (RetainedBytes(kLean) bytes, only
+  // read), on a chunk where BackwardReadsLean() and with `with_weight_grad`; the results are
+  // bitwise those of RecomputeSaved(kLean) followed by a kSaved Backward of the rebuilt entry.
+  // Both compute ln1 and ln2 with LayerNormApply from the same x / res2 and statistics and g
+  // with GeluForward from the same bf16 fch (the rebuild into the entry's slots, this into the
+  // scratch, all 256-byte aligned, so cuBLASLt's alignment-keyed heuristic picks the same GEMMs);
+  // the input backward reads none of the three, and the forward's fused-epilogue g never
+  // reaches either. Errors: InvalidArgument for a null pointer the chunk needs, or a lean block
+  // the chunk cannot read, naming why; the kernels'.
   [[nodiscard]] absl::Status Backward(const bf16* grad_output, bf16* grad_input, std::byte* saved,
-                                      bool with_weight_grad, float dloss);
+                                      bool with_weight_grad, float dloss, EntryLayout layout);
   // Accumulates the parameter gradients from a region left by Backward(..., false).
   [[nodiscard]] absl::Status BackwardWeight(std::byte* saved);
 
@@ -120,6 +141,12 @@ class GptCudaChunk {
   [[nodiscard]] absl::Status RecomputeSaved(const std::byte* retained, std::byte* saved,
                                             Recompute mode, bf16* scratch_output,
                                             float* scratch_losses);
+  // Whether an unsplit Backward takes EntryLayout::kLeanRetained: the chunk has no head (the
+  // head's weight gradient reads lnf_out, which the lean block does not keep), the saved layout
+  // is not lean_saved already (no lean block then), and the context has the lean scratch.
+  // A split backward never does: W's output gradients live after SavedBytes(false) bytes of
+  // the saved layout, which a lean block does not have.
+  bool BackwardReadsLean() const { return WhyNotLean() == nullptr; }
 
  private:
   GptCudaChunk(GptCudaContext& context, bool first, bool last, int vocab)
@@ -164,8 +191,11 @@ class GptCudaChunk {
                            const bf16* dout_override = nullptr) const;
   bf16* EmbeddingGrad(std::byte* saved, bool split) const;
   bf16* LnfOutGrad(std::byte* saved, bool split) const;
+  // Why BackwardReadsLean() is false, or null when it is true.
+  const char* WhyNotLean() const;
   absl::Status HeadBackwardWeight(std::byte* saved, bool split);
-  absl::Status EncoderBackwardWeight(std::byte* saved, bool split);
+  // `r`: the layout of `saved` (saved_, or lean_ for a lean block), for the tokens.
+  absl::Status EncoderBackwardWeight(const Region& r, std::byte* saved, bool split);
   const bf16* W(int id) const { return params_->weight(params_->Find(id)); }
   float* G(int id) const { return params_->grad(params_->Find(id)); }
 
@@ -188,6 +218,35 @@ class GptCudaChunk {
   std::vector<std::int64_t> grad_slots_;  // start of each layer's LayerGradLayout
   std::int64_t d_lnf_out_ = -1;
   std::int64_t split_bytes_ = 0;
+};
+
+// Which stash entries (mb, chunk) of a stage model hold a lean retained block rather than a
+// saved region, for the models whose StageModel::BackwardReadsRetained says true for kLean:
+// the runtime then hands B the block ForwardRetaining(kLean) wrote, and only the model saw
+// which call wrote an entry. An entry is lean from that ForwardRetaining until a call rewrites
+// it in the full layout (RecomputeSaved; a Forward of a fresh entry) or ends it (the unsplit
+// Backward that reads it, a BackwardWeight). A few entries per chunk are in flight at once.
+class LeanRetainedEntries {
+ public:
+  // A forward wrote (mb, chunk) anew: a lean retained block iff `lean`.
+  void Wrote(int mb, int chunk, bool lean) {
+    if (lean) {
+      entries_.insert({mb, chunk});
+    } else {
+      entries_.erase({mb, chunk});
+    }
+  }
+  // (mb, chunk) is in the full layout now, or ended.
+  void Forget(int mb, int chunk) { entries_.erase({mb, chunk}); }
+  // For the Backward that ends (mb, chunk): whether it holds a lean block; forgets it.
+  EntryLayout Take(int mb, int chunk) {
+    return entries_.erase({mb, chunk}) > 0 ? EntryLayout::kLeanRetained : EntryLayout::kSaved;
+  }
+  // A new iteration: whatever a failed one left is gone (its forwards rewrite every entry).
+  void Clear() { entries_.clear(); }
+
+ private:
+  std::set<std::pair<int, int>> entries_;
 };
 
 }  // namespace pipeoffload::gpt::cuda

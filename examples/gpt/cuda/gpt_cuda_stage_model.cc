@@ -133,6 +133,7 @@ absl::Status GptCudaStageModel::Forward(int mb, int chunk, const void* input, vo
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   const std::int64_t at = std::int64_t{mb} * context_->dims().N();
   GptCudaChunk& c = *chunks_[static_cast<std::size_t>(chunk)];
+  lean_entries_.Forget(mb, chunk);  // a fresh entry in the full layout
   return Annotate(
       c.Forward(tokens_ + at, targets_ + at, static_cast<const bf16*>(input),
                 static_cast<bf16*>(output), static_cast<std::byte*>(saved), losses_ + at),
@@ -149,7 +150,8 @@ absl::Status GptCudaStageModel::Backward(int mb, int chunk, const void* grad_out
   const float dloss = static_cast<float>(1.0 / (tokens * config_.num_microbatches));
   return Annotate(chunks_[static_cast<std::size_t>(chunk)]->Backward(
                       static_cast<const bf16*>(grad_output), static_cast<bf16*>(grad_input),
-                      static_cast<std::byte*>(saved), with_weight_grad, dloss),
+                      static_cast<std::byte*>(saved), with_weight_grad, dloss,
+                      lean_entries_.Take(mb, chunk)),
                   absl::StrCat("Backward(mb ", mb, ", chunk ", chunk, ")"));
 }
 
@@ -157,6 +159,7 @@ absl::Status GptCudaStageModel::BackwardWeight(int mb, int chunk, void* saved) {
   PO_RETURN_IF_ERROR(CheckCall("BackwardWeight", mb, chunk, saved));
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
+  lean_entries_.Forget(mb, chunk);  // W ends the entry
   return Annotate(
       chunks_[static_cast<std::size_t>(chunk)]->BackwardWeight(static_cast<std::byte*>(saved)),
       absl::StrCat("BackwardWeight(mb ", mb, ", chunk ", chunk, ")"));
@@ -169,12 +172,19 @@ std::int64_t GptCudaStageModel::RetainedBytes(int chunk, Recompute mode,
   return chunks_[static_cast<std::size_t>(chunk)]->RetainedBytes(mode);
 }
 
+bool GptCudaStageModel::BackwardReadsRetained(int chunk, Recompute mode,
+                                              bool split_backward) const {
+  return mode == Recompute::kLean && !split_backward && RetainedBytes(chunk, mode, false) > 0 &&
+         chunks_[static_cast<std::size_t>(chunk)]->BackwardReadsLean();
+}
+
 absl::Status GptCudaStageModel::ForwardRetaining(int mb, int chunk, const void* input, void* output,
                                                  void* retained, Recompute mode) {
   PO_RETURN_IF_ERROR(CheckCall("ForwardRetaining", mb, chunk, retained));
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   const std::int64_t at = std::int64_t{mb} * context_->dims().N();
+  lean_entries_.Wrote(mb, chunk, mode == Recompute::kLean);
   return Annotate(
       chunks_[static_cast<std::size_t>(chunk)]->ForwardRetaining(
           tokens_ + at, targets_ + at, static_cast<const bf16*>(input), static_cast<bf16*>(output),
@@ -187,6 +197,7 @@ absl::Status GptCudaStageModel::RecomputeSaved(int mb, int chunk, const void* re
   PO_RETURN_IF_ERROR(CheckCall("RecomputeSaved", mb, chunk, saved));
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
+  lean_entries_.Forget(mb, chunk);  // B reads the rebuilt full entry
   return Annotate(
       chunks_[static_cast<std::size_t>(chunk)]->RecomputeSaved(
           static_cast<const std::byte*>(retained), static_cast<std::byte*>(saved), mode,
@@ -201,6 +212,7 @@ absl::Status GptCudaStageModel::StartIteration(std::int64_t step) {
   internal::ScopedDevice guard;
   PO_RETURN_IF_ERROR(guard.Enter(device_));
   step_ = step;
+  lean_entries_.Clear();
   for (auto& c : chunks_) PO_RETURN_IF_ERROR(c->params().ZeroGrads(stream_));
   const bool needs_data = chunks_.front()->is_first() || chunks_.back()->is_last();
   if (!needs_data) return absl::OkStatus();

@@ -98,6 +98,12 @@ class GptCudaStageModel final : public StageModel {
                                               void* retained, Recompute mode) override;
   [[nodiscard]] absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
                                             Recompute mode) override;
+  // True for kLean with an unsplit backward on a chunk without the head when recompute is
+  // offered (GptCudaChunk::BackwardReadsLean): B then reads the lean block in place, rebuilding
+  // ln1, ln2 and g into the lean scratch layer by layer, bitwise as RecomputeSaved + B would.
+  // The model remembers which entries ForwardRetaining(kLean) wrote (LeanRetainedEntries), so
+  // Backward knows the layout of what it is given.
+  bool BackwardReadsRetained(int chunk, Recompute mode, bool split_backward) const override;
 
   // --- Iteration protocol ---------------------------------------------------------------------
   [[nodiscard]] absl::Status StartIteration(std::int64_t step);
@@ -196,6 +202,9 @@ class GptCudaStageModel final : public StageModel {
   std::byte* recompute_workspace_ = nullptr;
   bf16* recompute_output_ = nullptr;
   float* recompute_losses_ = nullptr;
+  // The entries that hold a lean retained block (BackwardReadsRetained); cleared by
+  // StartIteration.
+  LeanRetainedEntries lean_entries_;
 };
 
 }  // namespace pipeoffload::gpt::cuda

@@ -59,6 +59,7 @@ class CudaGptLayerStack final : public StageModel {
     PO_RETURN_IF_ERROR(guard.Enter(device_));
     const bf16* in = input != nullptr ? static_cast<const bf16*>(input) : fixed_input_;
     bf16* out = output != nullptr ? static_cast<bf16*>(output) : scratch_output_;
+    lean_entries_.Forget(mb, chunk);  // a fresh entry in the full layout
     return chunks_[static_cast<std::size_t>(chunk)]->Forward(nullptr, nullptr, in, out,
                                                              static_cast<std::byte*>(saved),
                                                              nullptr);
@@ -73,7 +74,8 @@ class CudaGptLayerStack final : public StageModel {
         grad_output != nullptr ? static_cast<const bf16*>(grad_output) : fixed_grad_;
     bf16* dinp = grad_input != nullptr ? static_cast<bf16*>(grad_input) : scratch_output_;
     return chunks_[static_cast<std::size_t>(chunk)]->Backward(
-        dout, dinp, static_cast<std::byte*>(saved), with_weight_grad, /*dloss=*/0.0f);
+        dout, dinp, static_cast<std::byte*>(saved), with_weight_grad, /*dloss=*/0.0f,
+        lean_entries_.Take(mb, chunk));
   }
 
   std::int64_t RetainedBytes(int chunk, Recompute mode, bool /*split_backward*/) const override {
@@ -88,6 +90,7 @@ class CudaGptLayerStack final : public StageModel {
     PO_RETURN_IF_ERROR(guard.Enter(device_));
     const bf16* in = input != nullptr ? static_cast<const bf16*>(input) : fixed_input_;
     bf16* out = output != nullptr ? static_cast<bf16*>(output) : scratch_output_;
+    lean_entries_.Wrote(mb, chunk, mode == Recompute::kLean);
     return chunks_[static_cast<std::size_t>(chunk)]->ForwardRetaining(
         nullptr, nullptr, in, out, static_cast<std::byte*>(retained), nullptr, mode,
         recompute_workspace_);
@@ -98,15 +101,24 @@ class CudaGptLayerStack final : public StageModel {
     PO_RETURN_IF_ERROR(CheckCall("RecomputeSaved", mb, chunk, saved));
     internal::ScopedDevice guard;
     PO_RETURN_IF_ERROR(guard.Enter(device_));
+    lean_entries_.Forget(mb, chunk);  // B reads the rebuilt full entry
     return chunks_[static_cast<std::size_t>(chunk)]->RecomputeSaved(
         static_cast<const std::byte*>(retained), static_cast<std::byte*>(saved), mode,
         scratch_output_, nullptr);
+  }
+
+  // Lean entries of an unsplit backward: B reads the lean block in place (no head here, so every
+  // chunk can), remembered per entry from ForwardRetaining.
+  bool BackwardReadsRetained(int chunk, Recompute mode, bool split_backward) const override {
+    return mode == Recompute::kLean && !split_backward && RetainedBytes(chunk, mode, false) > 0 &&
+           chunks_[static_cast<std::size_t>(chunk)]->BackwardReadsLean();
   }
 
   absl::Status BackwardWeight(int mb, int chunk, void* saved) override {
     PO_RETURN_IF_ERROR(CheckCall("BackwardWeight", mb, chunk, saved));
     internal::ScopedDevice guard;
     PO_RETURN_IF_ERROR(guard.Enter(device_));
+    lean_entries_.Forget(mb, chunk);  // W ends the entry
     return chunks_[static_cast<std::size_t>(chunk)]->BackwardWeight(
         static_cast<std::byte*>(saved));
   }
@@ -132,6 +144,7 @@ class CudaGptLayerStack final : public StageModel {
   bf16* fixed_grad_ = nullptr;      // (B,T,C): the last virtual stage's output gradient
   bf16* scratch_output_ = nullptr;  // (B,T,C): outputs nobody reads
   std::byte* recompute_workspace_ = nullptr;  // shape.recompute: ForwardRetaining(kFull)'s
+  LeanRetainedEntries lean_entries_;           // entries holding a lean retained block
 };
 
 absl::Status CudaGptLayerStack::Init() {

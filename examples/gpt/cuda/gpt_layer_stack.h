@@ -40,7 +40,9 @@ struct LayerStackShape {
   bool lean_saved = false;
   // Offer recompute (StageModel::RetainedBytes >= 0): kFull keeps a chunk's input (2 h bytes
   // per token) and reruns its forward before B; kLean (not with lean_saved) keeps the lean
-  // layout and rebuilds ln1, ln2 and g. Costs the full-recompute forward's workspace (one
+  // layout and rebuilds ln1, ln2 and g: with a split backward into a full entry
+  // (RecomputeSaved), with an unsplit one inside B, which reads the lean block as it is
+  // (BackwardReadsRetained: no copy, no full entry; bitwise the same gradients). Costs the full-recompute forward's workspace (one
   // layer's entry, ~32 h s bytes) and the lean scratch (12 h s bytes), allocated at creation.
   // false: RetainedBytes is -1 and the runtime refuses a program that recomputes.
   bool recompute = false;
