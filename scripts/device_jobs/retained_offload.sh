@@ -12,7 +12,8 @@
 #     +3% bar's point; RETAINED_CUT sets these policies), auto at torch full recompute's memory
 #     (0.71 / 1.68 GB; RETAINED_MIX sets its policies, e.g. "auto,auto:shared"); then
 #     torch_peer.py none and full_recompute in the same call (RETAINED_TORCH=0 skips it), so the
-#     bars are read on one card.
+#     bars are read on one card. RETAINED_FRACTIONS="0.3 0.35" / RETAINED_GBS="0.8 0.9" add
+#     auto alone at those budgets.
 # Same 16 layers as the Pareto table: 4 stages on the GPU, group-interleaved v = 4 x 1 layer,
 # seq 2048, m = 16; 3 timed steps at h = 4096, 2 at 8192, one warm-up. A run that would start
 # past JOB_DEADLINE_S is skipped (job_lib.sh).
@@ -41,6 +42,16 @@ for h in ${RETAINED_WIDTHS:-4096}; do
     --policies="${RETAINED_CUT:-1f1b,po-f,recompute-lean+po-f,auto}" --budget-fraction="$fraction"
   run "mix_h$h" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
     --policies="${RETAINED_MIX:-auto}" --budget-gb="$torch_gb"
+  # More budget points for auto alone (the planner's budget is the logical stash; where B reads
+  # lean blocks in place the device holds less, so a looser budget may still land under a bar).
+  for extra in ${RETAINED_FRACTIONS:-}; do
+    run "cut_h${h}_$extra" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
+      --policies=auto --budget-fraction="$extra"
+  done
+  for extra in ${RETAINED_GBS:-}; do
+    run "mix_h${h}_$extra" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
+      --policies=auto --budget-gb="$extra"
+  done
   [[ ${RETAINED_TORCH:-1} == 1 ]] && run "torch_h$h" 120 python3 scripts/torch_peer.py --configs="$h:16" --seq=2048 \
     --microbatches=16 --modes=none,full_recompute --warmup=1 --steps="$steps" \
     --md="$LOG/torch.md" --json="$LOG/peer.jsonl"
