@@ -117,8 +117,9 @@ absl::Status CheckModel(const BenchOptions& options, const Layout& layout) {
 ChunkCosts EstimatedCosts(const BenchOptions& options, const Layout& layout) {
   ChunkCosts costs;
   costs.times = EstimatedChunkTimes(options);
-  costs.recompute_full_s = options.recompute_ms / 1e3;  // 0: the cost model derives them
-  costs.recompute_lean_s = options.lean_ms / 1e3;
+  // The flags' 0: the cost model derives them.
+  costs.recompute_full_s = options.recompute_ms > 0 ? options.recompute_ms / 1e3 : -1.0;
+  costs.recompute_lean_s = options.lean_ms > 0 ? options.lean_ms / 1e3 : -1.0;
   const GemmShape gemm = GemmShapeOf(options, layout);
   costs.saved_bytes = gemm.SavedBytes();
   costs.boundary_bytes = gemm.BoundaryBytes();
@@ -129,6 +130,8 @@ ChunkCosts EstimatedCosts(const BenchOptions& options, const Layout& layout) {
     costs.boundary_bytes = shape.BoundaryBytes();
     costs.retained_full_bytes = shape.RetainedBytes(Recompute::kFull);
     costs.retained_lean_bytes = shape.RetainedBytes(Recompute::kLean);
+    // The layer stack's B reads its lean blocks in place (the bench never splits W).
+    costs.lean_rebuild_bytes = costs.retained_lean_bytes > 0 ? 0 : -1;
   }
 #endif
   return costs;
@@ -271,8 +274,8 @@ class EventTimedModel final : public StageModel {
 };
 
 // Seconds the planner charges a RECOMPUTE / RECOMPUTE_LEAN op of `mode` on chunk 0 (medians
-// on the compute queue of `reps` runs after one untimed, on pseudo-random input); 0 when the
-// model does not offer `mode`.
+// on the compute queue of `reps` runs after one untimed, on pseudo-random input); -1 when the
+// model does not offer `mode` (ChunkCosts: not measured).
 //  - Normally RecomputeSaved(mb 0, chunk 0, mode) from a block ForwardRetaining wrote: the op
 //    the runtime runs.
 //  - When the model's B reads the retained block itself (BackwardReadsRetained for an unsplit
@@ -284,7 +287,7 @@ class EventTimedModel final : public StageModel {
 absl::StatusOr<double> MeasureRecompute(Backend& backend, StageModel& model, Recompute mode,
                                         int reps) {
   const std::int64_t retained_bytes = model.RetainedBytes(0, mode, false);
-  if (retained_bytes <= 0) return 0.0;
+  if (retained_bytes <= 0) return -1.0;
   const bool in_backward = model.BackwardReadsRetained(0, mode, /*split_backward=*/false);
   const std::int64_t boundary = model.BoundaryBytes();
   std::vector<void*> blocks;
@@ -602,6 +605,7 @@ absl::Status Bench(const BenchOptions& options) {
   costs.boundary_bytes = model.BoundaryBytes();
   costs.retained_full_bytes = model.RetainedBytes(0, Recompute::kFull, false);
   costs.retained_lean_bytes = model.RetainedBytes(0, Recompute::kLean, false);
+  costs.lean_rebuild_bytes = model.BackwardReadsRetained(0, Recompute::kLean, false) ? 0 : -1;
   run.forward_s = costs.times.forward;
   run.backward_s = costs.times.backward;
   run.entry_bytes = costs.saved_bytes;
@@ -618,12 +622,17 @@ absl::Status Bench(const BenchOptions& options) {
   run.d2h_gbs = link.d2h / 1e9;
   run.h2d_gbs = link.h2d / 1e9;
   run.duplex_gbs = link.duplex / 1e9;
+  const auto recompute_ms = [](double seconds) {
+    return seconds < 0 ? std::string("not offered") : absl::StrFormat("%.3f ms", seconds * 1e3);
+  };
   std::fprintf(stderr,
                "pipeline_bench: h=%d GEMM %.0f TFLOP/s, chunk F %.3f ms B %.3f ms, recompute "
-               "full %.3f ms lean %.3f ms (0: not offered), link %.1f / %.1f / %.1f GB/s\n",
+               "full %s lean %s%s, link %.1f / %.1f / %.1f GB/s\n",
                options.hidden, run.gemm_flops / 1e12, costs.times.forward * 1e3,
-               costs.times.backward * 1e3, costs.recompute_full_s * 1e3,
-               costs.recompute_lean_s * 1e3, run.d2h_gbs, run.h2d_gbs, run.duplex_gbs);
+               costs.times.backward * 1e3, recompute_ms(costs.recompute_full_s).c_str(),
+               recompute_ms(costs.recompute_lean_s).c_str(),
+               costs.lean_rebuild_bytes == 0 ? " (B reads the lean block in place)" : "",
+               run.d2h_gbs, run.h2d_gbs, run.duplex_gbs);
   // Each policy planned alone: one that cannot be planned (auto over its budget) is reported,
   // and the others still run.
   std::int64_t budget = static_cast<std::int64_t>(options.budget_gb * 1e9);
@@ -673,6 +682,8 @@ absl::Status Bench(const BenchOptions& options) {
         rebuilt.saved_bytes = (*rigs)[0].model->SavedBytes(0, false);
         rebuilt.retained_full_bytes = (*rigs)[0].model->RetainedBytes(0, Recompute::kFull, false);
         rebuilt.retained_lean_bytes = (*rigs)[0].model->RetainedBytes(0, Recompute::kLean, false);
+        rebuilt.lean_rebuild_bytes =
+            (*rigs)[0].model->BackwardReadsRetained(0, Recompute::kLean, false) ? 0 : -1;
         absl::StatusOr<PlannedPolicy> replanned = PlanPolicy(
             options, plan.name, rebuilt, plan.layout.layers_per_chunk, link, budget);
         if (!replanned.ok()) {

@@ -323,8 +323,8 @@ CostModel SoloCostModel(const BenchOptions& options, const Layout& layout,
   cost.p2p_bandwidth = 1e12;  // device-to-device on one GPU (~2 TB/s read + write)
   cost.p2p_latency = 10e-6;   // the copier's launch and host poll
   cost.host_link_group_size = options.stages;
-  if (costs.recompute_full_s > 0) cost.recompute_full_time = costs.recompute_full_s;
-  if (costs.recompute_lean_s > 0) cost.recompute_lean_time = costs.recompute_lean_s;
+  if (costs.recompute_full_s >= 0) cost.recompute_full_time = costs.recompute_full_s;
+  if (costs.recompute_lean_s >= 0) cost.recompute_lean_time = costs.recompute_lean_s;
   // Per-virtual-stage bytes also hold auto to this layout's v: the models are built for one
   // chunking, and auto would otherwise re-cut the layers into v' chunks.
   // Retained bytes <= 0: the model does not offer that recompute (WithModelSizes: 0 bytes).
@@ -334,7 +334,8 @@ CostModel SoloCostModel(const BenchOptions& options, const Layout& layout,
   };
   return WithModelSizes(cost, ModelSizes{per_virtual_stage(costs.saved_bytes), costs.boundary_bytes,
                                          per_virtual_stage(costs.retained_full_bytes),
-                                         per_virtual_stage(costs.retained_lean_bytes)});
+                                         per_virtual_stage(costs.retained_lean_bytes),
+                                         per_virtual_stage(costs.lean_rebuild_bytes)});
 }
 
 std::int64_t MaxPeakBytes(const Schedule& schedule) {
@@ -530,7 +531,8 @@ std::string PlansToText(const BenchOptions& options, const ChunkCosts& costs,
     };
     const ModelSizes sizes{plan.solo.activation_bytes_per_virtual_stage, plan.solo.boundary_bytes,
                            offered(plan.solo.retained_full_bytes_per_virtual_stage),
-                           offered(plan.solo.retained_lean_bytes_per_virtual_stage)};
+                           offered(plan.solo.retained_lean_bytes_per_virtual_stage),
+                           plan.solo.lean_rebuild_bytes_per_virtual_stage};
     for (std::size_t d = 0; d < predicted.stages.size(); ++d) {
       const StagePrediction& stage = predicted.stages[d];
       const absl::StatusOr<ArenaNeed> arena = StageArenaNeed(

@@ -139,10 +139,14 @@ struct ChunkCosts {
   // <= 0: the model does not offer it (the planner never chooses it).
   std::int64_t retained_full_bytes = 0;
   std::int64_t retained_lean_bytes = 0;
-  // Seconds of the model's RecomputeSaved(kFull / kLean) alone (the RECOMPUTE /
-  // RECOMPUTE_LEAN ops' durations); <= 0: the cost model derives them from the forward.
-  double recompute_full_s = 0.0;
-  double recompute_lean_s = 0.0;
+  // What a RECOMPUTE_LEAN allocates (CostModel::lean_rebuild_bytes): 0 where the model's B
+  // reads the lean block in place (StageModel::BackwardReadsRetained), -1 the whole entry.
+  std::int64_t lean_rebuild_bytes = -1;
+  // Seconds of the RECOMPUTE / RECOMPUTE_LEAN ops (MeasureRecompute); < 0: the cost model
+  // derives them from the forward. 0 is a time like any other: a lean op whose B reads the
+  // block in place runs nothing.
+  double recompute_full_s = -1.0;
+  double recompute_lean_s = -1.0;
 };
 
 // Whether some policy of `options` plans recompute (recompute-full, recompute-lean, auto): the

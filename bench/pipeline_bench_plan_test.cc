@@ -352,6 +352,18 @@ TEST_CASE("recompute policies: no offload, no @C, the model's retained bytes in 
   const CostModel solo = SoloCostModel(*options, layout, costs, LinkFigures{1.0, 1.0, 1.0});
   CHECK(solo.retained_full_bytes_per_virtual_stage == std::vector<std::int64_t>(6, 4));
   CHECK(solo.retained_lean_bytes_per_virtual_stage == std::vector<std::int64_t>(6, 0));
+  // Not measured: derived from the forward; whole-entry rebuilds (the default).
+  CHECK(solo.recompute_lean_time < 0);
+  CHECK(solo.lean_rebuild_bytes_per_virtual_stage == std::vector<std::int64_t>(6, -1));
+  // A lean op whose B reads the block in place measures 0 and allocates nothing: both kept, not
+  // mistaken for "not measured" (a quarter of F, which made auto avoid lean on the H100).
+  ChunkCosts in_place = costs;
+  in_place.recompute_lean_s = 0.0;
+  in_place.lean_rebuild_bytes = 0;
+  const CostModel read = SoloCostModel(*options, layout, in_place, LinkFigures{1.0, 1.0, 1.0});
+  CHECK(read.recompute_lean_time == 0.0);
+  CHECK(read.RecomputeTime(0, Recompute::kLean) == 0.0);
+  CHECK(read.lean_rebuild_bytes_per_virtual_stage == std::vector<std::int64_t>(6, 0));
   // Rescaled to deeper chunks: full keeps the input whatever the depth, lean a part per layer.
   costs.retained_lean_bytes = 24;
   costs.recompute_full_s = 1.0;  // measured: the planner's RECOMPUTE durations, per layer
@@ -368,7 +380,7 @@ TEST_CASE("recompute policies: no offload, no @C, the model's retained bytes in 
 
   // Planned: every entry recomputed before its B, in that mode, and stage 0's peak lower.
   costs.retained_lean_bytes = 32;
-  costs.recompute_full_s = costs.recompute_lean_s = 0.0;
+  costs.recompute_full_s = costs.recompute_lean_s = -1.0;  // derived
   absl::StatusOr<PlannedPolicy> plain = PlanPolicy(*options, "none", costs, 1, LinkFigures{}, 0);
   REQUIRE(plain.ok());
   for (const auto& [policy, kind] : {std::pair{"recompute-full", OpKind::kRecompute},

@@ -403,6 +403,11 @@ CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v) {
   if (scaled.recompute_lean_time >= 0) scaled.recompute_lean_time *= factor;
   scaled.retained_lean_bytes =
       SaturatedInt64(std::round(static_cast<double>(cost.retained_lean_bytes) * factor));
+  // A rebuild's own block scales with the layers too; 0 (read in place) and the derived -1 stay.
+  if (scaled.lean_rebuild_bytes > 0) {
+    scaled.lean_rebuild_bytes =
+        SaturatedInt64(std::round(static_cast<double>(cost.lean_rebuild_bytes) * factor));
+  }
   return scaled;
 }
 

@@ -214,6 +214,9 @@ PipelinePlan MakePlan(const Schedule& lowered, const CostModel& cost, const Time
       group.plans.emplace_back(s, std::move(ops), spec.split_backward, stage_params,
                                [&, s, map = spec.stage_map()](int chunk, Recompute mode) {
                                  return cost.RetainedBytes(s, chunk, map, mode);
+                               },
+                               [&, s, map = spec.stage_map()](int chunk, Recompute mode) {
+                                 return cost.RebuildBytes(s, chunk, map, mode);
                                });
       group.engines.emplace_back();
       group.h2d_ends.emplace_back();

@@ -150,17 +150,20 @@ class StagePlan {
  public:
   // `ops` is the stage's lowered program, with simulated times. `entry_bytes(chunk, mode)`
   // gives an entry's size (mode kNone) and what a recomputed entry keeps from its F to its
-  // RECOMPUTE* (its mode's retained block). The block an OffloadEntry describes is what F
-  // leaves on the device: the entry, or for a recomputed one its retained block, which lives
-  // from F to the RECOMPUTE* (its use and its free) and may be offloaded like an entry. The
-  // full entry the RECOMPUTE* rebuilds then stays until the op that frees it, part of the
-  // baseline: both blocks are held while the RECOMPUTE* runs, as the simulator counts.
+  // RECOMPUTE* (its mode's retained block); `rebuild_bytes(chunk, mode)` what that RECOMPUTE*
+  // allocates (CostModel::RebuildBytes). The block an OffloadEntry describes is what F leaves
+  // on the device: the entry, or for a recomputed one its retained block, which lives from F
+  // to the RECOMPUTE* (its use and its free) and may be offloaded like an entry. The block the
+  // RECOMPUTE* rebuilds then stays until the op that frees it, part of the baseline: both
+  // blocks are held while the RECOMPUTE* runs, as the simulator counts. A RECOMPUTE* that
+  // allocates nothing (B reads the retained block in place) leaves the retained block in the
+  // baseline from there on.
   // REQUIRES: the program is complete (F and B, and W when split, of every (mb, chunk) once, F
   // before B before W, a RECOMPUTE* at most once per entry between its F and B), start times
   // never decrease along it, and it holds no offload ops.
-  template <typename BytesFn>
+  template <typename BytesFn, typename RebuildFn>
   StagePlan(int stage, std::vector<TimedBaselineOp> ops, bool split_backward,
-            const StagePlanParams& params, BytesFn entry_bytes)
+            const StagePlanParams& params, BytesFn entry_bytes, RebuildFn rebuild_bytes)
       : stage_(stage), ops_(std::move(ops)), params_(params) {
     const int m = params.num_microbatches;
     entries_.resize(static_cast<std::size_t>(m) * params.chunks_per_stage);
@@ -195,13 +198,16 @@ class StagePlan {
       const std::int64_t full = entry_bytes(entry.chunk, Recompute::kNone);
       entry.bytes = full;
       if (recompute_index[e] >= 0) {
-        // The retained block is the entry's block from here on; the full one is baseline.
+        // The retained block is the entry's block from here on; the rebuilt one is baseline.
         const int at = recompute_index[e];
         entry.bytes = entry_bytes(entry.chunk, recompute_mode[e]);
-        baseline_delta_[at] += full;
-        baseline_delta_[entry.free_index] -= full;
-        // While it runs, the full entry and the retained block are both held.
-        transient.push_back({at, entry.bytes});
+        const std::int64_t rebuild = rebuild_bytes(entry.chunk, recompute_mode[e]);
+        // Read in place, the retained block itself stays to the free.
+        const std::int64_t for_backward = rebuild > 0 ? rebuild : entry.bytes;
+        baseline_delta_[at] += for_backward;
+        baseline_delta_[entry.free_index] -= for_backward;
+        // While a rebuild runs, the rebuilt entry and the retained block are both held.
+        if (rebuild > 0) transient.push_back({at, entry.bytes});
         entry.use_index = at;
         entry.use_start = ops_[at].start;
         entry.free_index = at;
@@ -221,6 +227,12 @@ class StagePlan {
     BuildResidentIndex();
     placements_.resize(entries_.size());
   }
+  // Every RECOMPUTE* rebuilds the whole entry.
+  template <typename BytesFn>
+  StagePlan(int stage, std::vector<TimedBaselineOp> ops, bool split_backward,
+            const StagePlanParams& params, BytesFn entry_bytes)
+      : StagePlan(stage, std::move(ops), split_backward, params, entry_bytes,
+                  [entry_bytes](int chunk, Recompute) { return entry_bytes(chunk, Recompute::kNone); }) {}
 
   int stage() const { return stage_; }
   int num_ops() const { return static_cast<int>(ops_.size()); }

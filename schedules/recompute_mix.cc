@@ -31,8 +31,9 @@ struct PeakCandidate {
 };
 
 // The first program index at which stage `program`'s device memory peaks (program order,
-// as the simulator counts: F holds the entry or its retained block, RECOMPUTE* adds the entry
-// while its retained block is still held, RELEASE and the freeing op give it back), and that
+// as the simulator counts: F holds the entry or its retained block, RECOMPUTE* adds what it
+// rebuilds while its retained block is still held (nothing where B reads that block in place),
+// RELEASE and the freeing op give it back), and that
 // peak. Entries chosen this round count as recomputed: their RECOMPUTE at their B, their
 // RELEASE and RELOAD ignored.
 std::pair<int, std::int64_t> PeakIndex(const StageProgram& program, const PipelineSpec& spec,
@@ -54,19 +55,22 @@ std::pair<int, std::int64_t> PeakIndex(const StageProgram& program, const Pipeli
     const Op& op = program.ops[i];
     if (op.mb < 0 || op.chunk < 0) continue;
     const EntryOps& entry = entries[static_cast<std::size_t>(op.chunk) * m + op.mb];
-    const std::int64_t full = cost.ActivationBytes(program.stage, op.chunk, map);
+    // RetainedBytes of a kept entry is the whole entry, as is what it holds for B.
     const std::int64_t retained =
         cost.RetainedBytes(program.stage, op.chunk, map, entry.mode);
-    if (op.kind == OpKind::kForward) add(entry.mode == Recompute::kNone ? full : retained, i);
-    if (IsRecompute(op.kind) || (entry.chosen && op.kind == OpKind::kBackward)) {
-      add(full, i);
+    const std::int64_t rebuild = cost.RebuildBytes(program.stage, op.chunk, map, entry.mode);
+    if (op.kind == OpKind::kForward) add(retained, i);
+    if ((IsRecompute(op.kind) || (entry.chosen && op.kind == OpKind::kBackward)) && rebuild > 0) {
+      add(rebuild, i);
       add(-retained, i);
     }
     // The plan's copies move what the entry holds then: its retained block when recomputed
     // (RetainedBytes of a kept entry is the whole entry).
     if (op.kind == OpKind::kRelease && !entry.chosen) add(-retained, i);
     if (op.kind == OpKind::kReload && !entry.chosen) add(retained, i);
-    if (op.kind == frees) add(-full, i);
+    if (op.kind == frees) {
+      add(-cost.BackwardHeldBytes(program.stage, op.chunk, map, entry.mode), i);
+    }
   }
   return {at, peak};
 }

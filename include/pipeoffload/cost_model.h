@@ -75,6 +75,12 @@ struct CostModel {
   std::int64_t retained_lean_bytes = 0;
   std::vector<std::int64_t> retained_full_bytes_per_virtual_stage;
   std::vector<std::int64_t> retained_lean_bytes_per_virtual_stage;
+  // Bytes a RECOMPUTE_LEAN allocates for the entry it rebuilds, which replaces the lean block
+  // when the op ends. Negative (the default): the whole entry (ActivationBytes). 0: nothing, B
+  // reads the lean block itself (StageModel::BackwardReadsRetained) and the entry keeps it
+  // until B frees it. The vector, when not empty, overrides per virtual stage as the others do.
+  std::int64_t lean_rebuild_bytes = -1;
+  std::vector<std::int64_t> lean_rebuild_bytes_per_virtual_stage;
 
   // Bytes of entry (mb, chunk) on `stage`: activation_bytes_per_virtual_stage is indexed by the
   // virtual stage `map` places that chunk at.
@@ -91,6 +97,14 @@ struct CostModel {
   // 0 when `mode` is not offered there.
   std::int64_t RetainedBytes(int stage, int chunk, const VirtualStageMap& map,
                              Recompute mode) const;
+  // Bytes the RECOMPUTE* of entry (stage, chunk) recomputed with `mode` allocates: the whole
+  // entry, except a lean one whose lean_rebuild_bytes says otherwise (0: read in place).
+  std::int64_t RebuildBytes(int stage, int chunk, const VirtualStageMap& map,
+                            Recompute mode) const;
+  // Bytes the entry holds from its RECOMPUTE* (when kept: from its F) to the op that frees it:
+  // RebuildBytes, or the retained block when the rebuild allocates nothing.
+  std::int64_t BackwardHeldBytes(int stage, int chunk, const VirtualStageMap& map,
+                                 Recompute mode) const;
   // Whether the planner may choose `mode` for (stage, chunk): kNone always, the others when
   // their retained bytes are > 0.
   bool RecomputeOffered(int stage, int chunk, const VirtualStageMap& map, Recompute mode) const;

@@ -297,10 +297,10 @@ class ActivationStash {
   // retained block and the new one. DropRetained: frees the retained block (the logical bytes
   // shrink by its size); the entry goes on with the new block as its device copy.
   // `in_place` (the model's B reads the retained block itself, StageModel::
-  // BackwardReadsRetained): no block is allocated and `full` is the retained block; the logical
-  // bytes move exactly as above, and DropRetained frees nothing, so the entry's device block
-  // stays the retained one until Free (physically smaller than the logical count by bytes -
-  // the retained size).
+  // BackwardReadsRetained; `bytes` is then unused): no block is allocated, `full` is the
+  // retained block, nothing is counted, and DropRetained frees nothing, so the entry's device
+  // block stays the retained one until Free (the compiler models it with
+  // CostModel::lean_rebuild_bytes = 0).
   // Errors: FailedPrecondition for an entry that is neither of those or already regrown (or not
   // regrown, for DropRetained); the arena's errors as Create.
   struct Regrown {
@@ -354,9 +354,6 @@ class ActivationStash {
     // Between Regrow and DropRetained: the block F wrote, still counted in device_bytes_.
     void* retained = nullptr;
     std::int64_t retained_bytes = 0;
-    // After an in-place Regrow: the size of `device` (the retained block), which `bytes` (the
-    // full entry, as counted) exceeds; 0 otherwise, when `device` holds `bytes`.
-    std::int64_t in_place_block_bytes = 0;
   };
   using Key = std::pair<int, int>;  // (mb, chunk)
   // A released device block waiting for its entry's D2H copy (the entry's offload_done).

@@ -53,11 +53,15 @@ struct ModelSizes {
   // offered); empty: unknown (WithModelSizes keeps the cost model's retained bytes).
   std::vector<std::int64_t> retained_full_bytes;
   std::vector<std::int64_t> retained_lean_bytes;
+  // What a RECOMPUTE_LEAN allocates, at [c * p + d] like saved_bytes: 0 where the model's B
+  // reads the lean block in place (StageModel::BackwardReadsRetained), else -1 (the whole
+  // entry); empty: unknown (WithModelSizes keeps the cost model's lean_rebuild_bytes).
+  std::vector<std::int64_t> lean_rebuild_bytes;
 };
 
 // `base` with the bytes of `sizes` (activation_bytes_per_virtual_stage, activation_bytes = the
-// largest entry, boundary_bytes, and the retained bytes of recomputed entries when sizes has
-// them), so the compiler's predicted stash peaks are exactly what the runtime measures.
+// largest entry, boundary_bytes, and the retained and rebuilt bytes of recomputed entries when
+// sizes has them), so the compiler's predicted stash peaks are exactly what the runtime measures.
 // REQUIRES: sizes.saved_bytes not empty.
 CostModel WithModelSizes(CostModel base, const ModelSizes& sizes);
 

@@ -71,9 +71,7 @@ struct IterationStats {
   // (StagePrediction::peak_bytes), exactly.
   std::int64_t stash_high_water_bytes = 0;
   // The arena's kStash high-water mark: also counts released blocks whose D2H copy was still
-  // running. >= stash_high_water_bytes, <= the arena budget, except with a model whose B reads
-  // retained blocks (StageModel::BackwardReadsRetained): those entries count their full bytes
-  // logically from their RECOMPUTE* on, while the arena holds only the retained block.
+  // running. >= stash_high_water_bytes, <= the arena budget.
   std::int64_t stash_physical_high_water_bytes = 0;
   std::int64_t stash_high_water_entries = 0;
   std::int64_t p2p_high_water_bytes = 0;

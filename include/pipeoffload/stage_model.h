@@ -137,10 +137,10 @@ class StageModel {
   // model's own scratch): the runtime's RECOMPUTE* then allocates no full block, copies
   // nothing and does not call RecomputeSaved, and B / W get the retained block as `saved`. A
   // model that says true tells a retained block from a full entry itself (it saw whether
-  // Forward or ForwardRetaining wrote the entry). The stash still counts the full entry from
-  // the RECOMPUTE* on, as the compiler models it, so the device holds (SavedBytes -
-  // RetainedBytes) less per such entry than the logical count says. Default false: every
-  // RECOMPUTE* rebuilds into a new block of SavedBytes.
+  // Forward or ForwardRetaining wrote the entry). The stash counts only the retained block
+  // from there on, and the planner knows (the pipeline's setup gives the cost model
+  // lean_rebuild_bytes = 0 for such chunks), so plans fit more in the same memory. Default
+  // false: every RECOMPUTE* rebuilds into a new block of SavedBytes.
   virtual bool BackwardReadsRetained(int chunk, Recompute mode, bool split_backward) const {
     (void)chunk;
     (void)mode;

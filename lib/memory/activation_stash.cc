@@ -23,9 +23,8 @@
 //    models it: + at Create and StartReload, - at FinishOffload and Free. Their high-water mark
 //    is the predicted peak. The arena's kStash usage (PHYSICAL) also holds released blocks whose
 //    D2H copy may still be running (pending_), so physical >= logical at every moment, and the
-//    two are equal whenever pending_ is empty, except that an entry regrown in place counts its
-//    full bytes while it holds only its retained block: physical is then lower by the
-//    difference, never higher.
+//    two are equal whenever pending_ is empty. An entry regrown in place counts, and holds,
+//    its retained block until Free.
 //  Deferred release (the default): FinishOffload does not wait. The entry goes ON_HOST and
 //    leaves the logical count at once; its block moves to pending_ (release order) and stays
 //    allocated. A pending block goes back to the arena only after its entry's `offload_done`
@@ -421,21 +420,22 @@ absl::StatusOr<ActivationStash::Regrown> ActivationStash::Regrow(int mb, int chu
     return absl::FailedPreconditionError(
         absl::StrCat(EntryName(mb, chunk), " is already regrown; Regrow (RECOMPUTE) runs once"));
   }
-  void* full = entry->device;
   if (in_place) {
-    entry->in_place_block_bytes = entry->bytes;
-  } else {
-    absl::StatusOr<void*> device = AllocateReclaiming(bytes, MemoryCategory::kStash);
-    if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
-    if (arena_.poison_on_free()) {
-      PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
-                                            arena_.AlignedSize(bytes)));
-    }
-    full = *device;
+    // The retained block is the entry's device block and stays it: nothing is allocated or
+    // counted, and DropRetained has nothing to free.
+    entry->retained = entry->device;
+    entry->retained_bytes = 0;
+    return Regrown{entry->retained, entry->device};
+  }
+  absl::StatusOr<void*> device = AllocateReclaiming(bytes, MemoryCategory::kStash);
+  if (!device.ok()) return Annotate(device.status(), EntryName(mb, chunk));
+  if (arena_.poison_on_free()) {
+    PO_RETURN_IF_ERROR(backend_.FillAsync(backend_.queue(QueueKind::kCompute), *device, 0u,
+                                          arena_.AlignedSize(bytes)));
   }
   entry->retained = entry->device;
   entry->retained_bytes = entry->bytes;
-  entry->device = full;
+  entry->device = *device;
   entry->bytes = bytes;
   // One entry, two blocks: the bytes grow, the entry count does not.
   device_bytes_ += bytes;
@@ -504,9 +504,7 @@ void ActivationStash::Clear(double timeout_seconds) {
 absl::StatusOr<std::int64_t> ActivationStash::FindPoison(int mb, int chunk) const {
   PO_ASSIGN_OR_RETURN(void* device, DeviceData(mb, chunk));
   if (!arena_.poison_on_free() || !backend_.DeviceMemoryIsHostAccessible()) return -1;
-  const Entry& entry = entries_.at(Key(mb, chunk));
-  const std::int64_t bytes = entry.in_place_block_bytes > 0 ? entry.in_place_block_bytes
-                                                             : entry.bytes;
+  const std::int64_t bytes = entries_.at(Key(mb, chunk)).bytes;
   const auto* words = static_cast<const std::uint32_t*>(device);
   for (std::int64_t i = 0; i < bytes / 4; ++i) {
     if (words[i] == kPoisonWord) return i * 4;

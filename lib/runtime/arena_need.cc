@@ -26,6 +26,11 @@ class SizesOnlyModel final : public StageModel {
     const auto l = static_cast<std::size_t>(map_.virtual_stage(stage_, chunk));
     return mode == Recompute::kNone || l >= bytes.size() ? -1 : bytes[l];
   }
+  bool BackwardReadsRetained(int chunk, Recompute mode, bool) const override {
+    const auto l = static_cast<std::size_t>(map_.virtual_stage(stage_, chunk));
+    return mode == Recompute::kLean && l < sizes_.lean_rebuild_bytes.size() &&
+           sizes_.lean_rebuild_bytes[l] == 0;
+  }
   absl::Status Forward(int, int, const void*, void*, void*) override { return Unused(); }
   absl::Status Backward(int, int, const void*, void*, void*, bool) override { return Unused(); }
   absl::Status BackwardWeight(int, int, void*) override { return Unused(); }

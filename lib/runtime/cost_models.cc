@@ -27,6 +27,9 @@ CostModel WithModelSizes(CostModel base, const ModelSizes& sizes) {
   };
   offered(sizes.retained_full_bytes, &base.retained_full_bytes_per_virtual_stage);
   offered(sizes.retained_lean_bytes, &base.retained_lean_bytes_per_virtual_stage);
+  if (!sizes.lean_rebuild_bytes.empty()) {
+    base.lean_rebuild_bytes_per_virtual_stage = sizes.lean_rebuild_bytes;
+  }
   return base;
 }
 

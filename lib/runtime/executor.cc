@@ -174,13 +174,13 @@ absl::Status StageExecutor::RecomputeEntry(int index, const Op& op) {
   // and finished (host slot back) once the recompute is enqueued, as B does.
   PO_RETURN_IF_ERROR(ReadyEntry(index, op).status());
   const Recompute mode = RecomputeOf(op.kind);
-  // When the model's B reads the retained block itself, the entry only changes its count
-  // (the full entry from here on, as the compiler models it); nothing runs.
+  // When the model's B reads the retained block itself, nothing is allocated, counted or run
+  // (the compiler's lean_rebuild_bytes = 0).
   const bool in_place = recompute_.InPlace(op.chunk, mode);
   absl::StatusOr<ActivationStash::Regrown> blocks = stash_.Regrow(
       op.mb, op.chunk, saved_bytes_[static_cast<std::size_t>(op.chunk)], in_place);
   if (!blocks.ok()) return Annotate(blocks.status(), Where(index, op));
-  SampleMemory();
+  if (!in_place) SampleMemory();
   const double start = Now();
   const absl::Status status =
       in_place ? absl::OkStatus()
@@ -194,7 +194,7 @@ absl::Status StageExecutor::RecomputeEntry(int index, const Op& op) {
   // Freed after the call was enqueued: the arena's poison fill is ordered after it on the
   // compute queue, so the model's work still reads the retained bytes.
   PO_RETURN_IF_ERROR(Annotate(stash_.DropRetained(op.mb, op.chunk), Where(index, op)));
-  SampleMemory();
+  if (!in_place) SampleMemory();
   return absl::OkStatus();
 }
 

@@ -61,6 +61,8 @@ class PipelineStageImpl final : public PipelineStage {
   std::vector<std::int64_t> own_saved_;  // this stage's SavedBytes, by chunk
   // This stage's RetainedBytes(c, kFull / kLean), by chunk (-1: the model does not offer it).
   std::vector<std::int64_t> own_retained_full_, own_retained_lean_;
+  // What this stage's RECOMPUTE_LEAN allocates, by chunk (ModelSizes::lean_rebuild_bytes).
+  std::vector<std::int64_t> own_lean_rebuild_;
   std::optional<StageCosts> own_costs_;
   ModelSizes sizes_;
   std::vector<StageCosts> measured_;

@@ -143,6 +143,10 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
     // retained block of a recomputed entry, else the whole entry.
     const Recompute mode = recompute.ModeOf(op.mb, op.chunk);
     const std::int64_t held = mode == Recompute::kNone ? full : recompute.Retained(op.chunk, mode);
+    // Where B reads the retained block in place, its RECOMPUTE* rebuilds nothing and the block
+    // stays until B frees it.
+    const bool in_place = mode != Recompute::kNone && recompute.InPlace(op.chunk, mode);
+    const std::int64_t for_backward = in_place ? held : full;
     // The walk tolerates illegal sequences (the stash reports those at run time); it only
     // counts, so a broken program cannot make it over- or under-count twice.
     const auto take_host_copy = [&] {
@@ -160,18 +164,18 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
       case OpKind::kRecomputeLean:
         // Rebuilds the full entry, then frees the retained block (both held meanwhile); the
         // retained block's host copy, if any, is returned here.
-        if (on_device.count(key) != 0) {
+        if (on_device.count(key) != 0 && !in_place) {
           add(full, index);
           add(-held, index);
         }
         take_host_copy();
         break;
       case OpKind::kBackward:
-        if (!spec.split_backward && on_device.erase(key)) add(-full, index);
+        if (!spec.split_backward && on_device.erase(key)) add(-for_backward, index);
         take_host_copy();
         break;
       case OpKind::kBackwardWeight:
-        if (on_device.erase(key)) add(-full, index);
+        if (on_device.erase(key)) add(-for_backward, index);
         break;
       case OpKind::kOffload:
         if (on_host.insert(key).second) {

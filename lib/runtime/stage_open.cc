@@ -116,6 +116,8 @@ absl::Status PipelineStageImpl::SetUpLocal() {
     own_saved_.push_back(bytes);
     own_retained_full_.push_back(model_.RetainedBytes(c, Recompute::kFull, spec_.split_backward));
     own_retained_lean_.push_back(model_.RetainedBytes(c, Recompute::kLean, spec_.split_backward));
+    own_lean_rebuild_.push_back(
+        model_.BackwardReadsRetained(c, Recompute::kLean, spec_.split_backward) ? 0 : -1);
   }
   return absl::OkStatus();
 }
@@ -162,12 +164,14 @@ absl::Status PipelineStageImpl::SizesFromGivenCosts() {
     sizes_.saved_bytes = own_saved_;
     sizes_.retained_full_bytes = own_retained_full_;
     sizes_.retained_lean_bytes = own_retained_lean_;
+    sizes_.lean_rebuild_bytes = own_lean_rebuild_;
     return absl::OkStatus();
   }
   const VirtualStageMap map = spec_.stage_map();
   sizes_.saved_bytes.clear();
   sizes_.retained_full_bytes.clear();
   sizes_.retained_lean_bytes.clear();
+  sizes_.lean_rebuild_bytes.clear();
   for (int l = 0; l < p * v; ++l) {
     sizes_.saved_bytes.push_back(given.ActivationBytes(map.stage_of(l), map.chunk_of(l), map));
     // The other stages' retained bytes are the given cost model's (its 0 is the model's -1);
@@ -182,6 +186,10 @@ absl::Status PipelineStageImpl::SizesFromGivenCosts() {
           .push_back(own ? own_bytes[static_cast<std::size_t>(map.chunk_of(l))]
                          : (given_bytes > 0 ? given_bytes : -1));
     }
+    sizes_.lean_rebuild_bytes.push_back(
+        map.stage_of(l) == stage_
+            ? own_lean_rebuild_[static_cast<std::size_t>(map.chunk_of(l))]
+            : given.RebuildBytes(map.stage_of(l), map.chunk_of(l), map, Recompute::kLean));
   }
   for (int c = 0; c < v; ++c) {
     const int l = map.virtual_stage(stage_, c);
@@ -215,6 +223,7 @@ absl::Status PipelineStageImpl::GatherStages(absl::Status status) {
   mine.PutVector(own_saved_);
   mine.PutVector(own_retained_full_);
   mine.PutVector(own_retained_lean_);
+  mine.PutVector(own_lean_rebuild_);
   mine.Put<std::int64_t>(status.ok() ? model_.BoundaryBytes() : 0);
   PutCosts(mine, own_costs_);
   PO_ASSIGN_OR_RETURN(const std::vector<std::string> all,
@@ -226,21 +235,23 @@ absl::Status PipelineStageImpl::GatherStages(absl::Status status) {
   sizes_.saved_bytes.assign(static_cast<std::size_t>(p * v), 0);
   sizes_.retained_full_bytes.assign(static_cast<std::size_t>(p * v), -1);
   sizes_.retained_lean_bytes.assign(static_cast<std::size_t>(p * v), -1);
+  sizes_.lean_rebuild_bytes.assign(static_cast<std::size_t>(p * v), -1);
   sizes_.boundary_bytes = 0;
   measured_.clear();
   for (int d = 0; d < p; ++d) {
     ByteReader reader(all[static_cast<std::size_t>(d)]);
-    std::vector<std::int64_t> saved, retained_full, retained_lean;
+    std::vector<std::int64_t> saved, retained_full, retained_lean, lean_rebuild;
     std::int64_t boundary = 0;
     std::optional<StageCosts> costs;
     reader.GetVector(&saved);
     reader.GetVector(&retained_full);
     reader.GetVector(&retained_lean);
+    reader.GetVector(&lean_rebuild);
     reader.Get(&boundary);
     GetCosts(reader, &costs);
     PO_RETURN_IF_ERROR(reader.Finish("stage sizes and costs"));
     if (saved.size() != static_cast<std::size_t>(v) || retained_full.size() != saved.size() ||
-        retained_lean.size() != saved.size()) {
+        retained_lean.size() != saved.size() || lean_rebuild.size() != saved.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stage ", d, " has ", saved.size(), " chunks, the schedule ", v,
           " (the ranks were given different pipelines)"));
@@ -250,6 +261,7 @@ absl::Status PipelineStageImpl::GatherStages(absl::Status status) {
       sizes_.saved_bytes[l] = saved[static_cast<std::size_t>(c)];
       sizes_.retained_full_bytes[l] = retained_full[static_cast<std::size_t>(c)];
       sizes_.retained_lean_bytes[l] = retained_lean[static_cast<std::size_t>(c)];
+      sizes_.lean_rebuild_bytes[l] = lean_rebuild[static_cast<std::size_t>(c)];
     }
     if (d > 0 && boundary != sizes_.boundary_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(

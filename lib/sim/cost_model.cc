@@ -47,24 +47,43 @@ double CostModel::RecomputeTime(int stage, Recompute mode) const {
   return 0.0;
 }
 
+// `per_stage[map.virtual_stage(stage, chunk)]`, or `uniform` when the vector does not reach it.
+static std::int64_t PerVirtualStage(const std::vector<std::int64_t>& per_stage,
+                                    std::int64_t uniform, int stage, int chunk,
+                                    const VirtualStageMap& map) {
+  const std::size_t index = static_cast<std::size_t>(map.virtual_stage(stage, chunk));
+  return index < per_stage.size() ? per_stage[index] : uniform;
+}
+
 std::int64_t CostModel::RetainedBytes(int stage, int chunk, const VirtualStageMap& map,
                                       Recompute mode) const {
-  const auto per_stage = [&](const std::vector<std::int64_t>& bytes, std::int64_t uniform) {
-    const std::size_t index = static_cast<std::size_t>(map.virtual_stage(stage, chunk));
-    return index < bytes.size() ? bytes[index] : uniform;
-  };
   switch (mode) {
     case Recompute::kNone: return ActivationBytes(stage, chunk, map);
     case Recompute::kFull: {
-      const std::int64_t bytes = per_stage(retained_full_bytes_per_virtual_stage,
-                                           retained_full_bytes);
+      const std::int64_t bytes = PerVirtualStage(retained_full_bytes_per_virtual_stage,
+                                                 retained_full_bytes, stage, chunk, map);
       return std::max<std::int64_t>(0, bytes < 0 ? boundary_bytes : bytes);
     }
     case Recompute::kLean:
-      return std::max<std::int64_t>(
-          0, per_stage(retained_lean_bytes_per_virtual_stage, retained_lean_bytes));
+      return std::max<std::int64_t>(0, PerVirtualStage(retained_lean_bytes_per_virtual_stage,
+                                                       retained_lean_bytes, stage, chunk, map));
   }
   return 0;
+}
+
+std::int64_t CostModel::RebuildBytes(int stage, int chunk, const VirtualStageMap& map,
+                                     Recompute mode) const {
+  const std::int64_t full = ActivationBytes(stage, chunk, map);
+  if (mode != Recompute::kLean) return full;
+  const std::int64_t bytes = PerVirtualStage(lean_rebuild_bytes_per_virtual_stage,
+                                             lean_rebuild_bytes, stage, chunk, map);
+  return bytes < 0 ? full : bytes;
+}
+
+std::int64_t CostModel::BackwardHeldBytes(int stage, int chunk, const VirtualStageMap& map,
+                                          Recompute mode) const {
+  const std::int64_t rebuild = RebuildBytes(stage, chunk, map, mode);
+  return rebuild > 0 ? rebuild : RetainedBytes(stage, chunk, map, mode);
 }
 
 bool CostModel::RecomputeOffered(int stage, int chunk, const VirtualStageMap& map,

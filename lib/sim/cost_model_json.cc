@@ -61,6 +61,7 @@ constexpr BytesField kBytesFields[] = {
     {"boundary_bytes", &CostModel::boundary_bytes, 0},
     {"retained_full_bytes", &CostModel::retained_full_bytes, -1},
     {"retained_lean_bytes", &CostModel::retained_lean_bytes, 0},
+    {"lean_rebuild_bytes", &CostModel::lean_rebuild_bytes, -1},
 };
 
 struct BytesVectorField {
@@ -75,6 +76,8 @@ constexpr BytesVectorField kBytesVectorFields[] = {
      -1},
     {"retained_lean_bytes_per_virtual_stage", &CostModel::retained_lean_bytes_per_virtual_stage,
      0},
+    {"lean_rebuild_bytes_per_virtual_stage", &CostModel::lean_rebuild_bytes_per_virtual_stage,
+     -1},
 };
 
 // Every key, in the header's field order (the order the writer uses).
@@ -99,7 +102,9 @@ constexpr std::string_view kKeys[] = {"forward_time",
                                       "retained_full_bytes",
                                       "retained_lean_bytes",
                                       "retained_full_bytes_per_virtual_stage",
-                                      "retained_lean_bytes_per_virtual_stage"};
+                                      "retained_lean_bytes_per_virtual_stage",
+                                      "lean_rebuild_bytes",
+                                      "lean_rebuild_bytes_per_virtual_stage"};
 
 absl::Status CheckRange(double value, std::string_view path, Range range) {
   if (range == Range::kDerivable) {
@@ -211,6 +216,8 @@ std::string CostModelToJson(const CostModel& cost) {
       {"retained_lean_bytes", cost.retained_lean_bytes},
       {"retained_full_bytes_per_virtual_stage", cost.retained_full_bytes_per_virtual_stage},
       {"retained_lean_bytes_per_virtual_stage", cost.retained_lean_bytes_per_virtual_stage},
+      {"lean_rebuild_bytes", cost.lean_rebuild_bytes},
+      {"lean_rebuild_bytes_per_virtual_stage", cost.lean_rebuild_bytes_per_virtual_stage},
   };
   std::string out = "{";
   for (std::size_t i = 0; i < fields.size(); ++i) {

@@ -613,8 +613,9 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
   };
   std::vector<Change> changes;
   // Recomputed entries: F holds the retained block (which OFFLOAD / RELEASE / RELOAD move when
-  // the plan offloads it); RECOMPUTE* adds the full entry when it starts and frees the retained
-  // block when it ends (the runtime's Regrow / DropRetained).
+  // the plan offloads it); RECOMPUTE* adds what it rebuilds (RebuildBytes: the full entry, or
+  // nothing where B reads the lean block in place) when it starts and, when it built a block,
+  // frees the retained one when it ends (the runtime's Regrow / DropRetained).
   std::vector<Recompute> recomputed(on_host.size(), Recompute::kNone);
   for (const TimedOp& t : timed) {
     if (IsRecompute(t.op.kind)) {
@@ -641,7 +642,6 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     const Op& op = t.op;
     // BARRIERs may carry chunk -1; they allocate nothing, so any size will do for them.
     const int chunk = std::max(op.chunk, 0);
-    const std::int64_t full = cost.ActivationBytes(s, chunk, spec.stage_map());
     const Recompute mode =
         op.mb < 0 ? Recompute::kNone
                   : recomputed[static_cast<std::size_t>(op.mb) * static_cast<std::size_t>(v) +
@@ -649,15 +649,18 @@ void StageMemory(const Schedule& schedule, const CostModel& cost, int s,
     // What the entry holds before its RECOMPUTE* (and what OFFLOAD / RELEASE / RELOAD move);
     // RetainedBytes of a kept entry is the whole entry.
     const std::int64_t held = cost.RetainedBytes(s, chunk, spec.stage_map(), mode);
+    // What its RECOMPUTE* allocates, and what it holds from there (kept: from F) until freed.
+    const std::int64_t rebuild = cost.RebuildBytes(s, chunk, spec.stage_map(), mode);
+    const std::int64_t for_backward = cost.BackwardHeldBytes(s, chunk, spec.stage_map(), mode);
     // F, RELEASE and RELOAD move what the entry holds then; the op that frees it, the entry.
     if (op.kind == OpKind::kForward) change(held, 1, t.start, t.index, false);
     if (op.kind == OpKind::kReload) change(held, 1, t.start, t.index, true);
     if (op.kind == OpKind::kRelease) change(-held, -1, t.start, t.index, true);
-    if (IsRecompute(op.kind)) {
-      change(full, 0, t.start, t.index, false);
+    if (IsRecompute(op.kind) && rebuild > 0) {
+      change(rebuild, 0, t.start, t.index, false);
       change(-held, 0, t.end, t.index, false);
     }
-    if (op.kind == frees) change(-full, -1, t.end, t.index, false);
+    if (op.kind == frees) change(-for_backward, -1, t.end, t.index, false);
     // The host copy lives from its OFFLOAD to the op that takes the entry back: B, or the
     // RECOMPUTE* of a recomputed one (the runtime returns the host slot there).
     if (op.kind == OpKind::kOffload || op.kind == OpKind::kBackward || IsRecompute(op.kind)) {

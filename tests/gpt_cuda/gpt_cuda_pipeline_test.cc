@@ -265,9 +265,9 @@ TEST_CASE(
   // Full keeps a fraction of an entry: lower everywhere. Lean keeps 20 of 32 C bytes and, while
   // an entry is rebuilt, holds its lean block and the full entry at once: lower on stage 0, which
   // has the most entries in flight (on the last stage, with few, that moment may top keeping).
-  // These are the logical peaks the compiler predicts: unsplit, B reads the lean blocks of
-  // chunks without the head in place (BackwardReadsRetained; no RecomputeSaved, so nothing here
-  // may count on one), and the stash still counts the full entry from RECOMPUTE_LEAN on.
+  // Unsplit, B reads the lean blocks of chunks without the head in place
+  // (BackwardReadsRetained; no RecomputeSaved, so nothing here may count on one): those entries
+  // hold their lean block alone until B, and setup tells the compiler so.
   for (std::size_t d = 0; d < keep.measured_peak.size(); ++d) {
     INFO("stage " << d);
     CHECK(full.measured_peak[d] < keep.measured_peak[d]);

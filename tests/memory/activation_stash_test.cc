@@ -298,26 +298,27 @@ TEST_CASE("Regrow holds both blocks until DropRetained, then the full entry alon
   CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == 0);
 }
 
-TEST_CASE("Regrow in place counts the full entry and keeps the retained block as its device copy",
+TEST_CASE("Regrow in place counts and allocates nothing and keeps the retained block",
           "[memory][stash][recompute]") {
   Fixture f;
   ActivationStash& stash = *f.stash;
   constexpr std::int64_t kRetained = 100;
   void* const retained = CreateRetained(stash, kRetained);
+  const std::int64_t arena_before = f.arena->Usage(MemoryCategory::kStash).in_use_bytes;
   absl::StatusOr<ActivationStash::Regrown> blocks = stash.Regrow(0, 0, kBytes, /*in_place=*/true);
   REQUIRE(blocks.ok());
   CHECK(blocks->retained == retained);
   CHECK(blocks->full == retained);
-  // Logically both blocks for the call, as the compiler models it; physically the one block.
-  CHECK(stash.device_bytes() == kRetained + kBytes);
-  CHECK(stash.device_high_water_bytes() == kRetained + kBytes);
-  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kRetained);
+  // The compiler's lean_rebuild_bytes = 0: the retained block alone, logically and physically.
+  CHECK(stash.device_bytes() == kRetained);
+  CHECK(stash.device_high_water_bytes() == kRetained);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == arena_before);
   REQUIRE(stash.DropRetained(0, 0).ok());
-  CHECK(stash.device_bytes() == kBytes);
-  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == kRetained);
+  CHECK(stash.device_bytes() == kRetained);
+  CHECK(f.arena->Usage(MemoryCategory::kStash).in_use_bytes == arena_before);
   CHECK(stash.DeviceData(0, 0).value() == retained);
-  // The poison scan reads the block it has (kRetained bytes), not the counted kBytes: a
-  // neighbour's poison past its end is not this entry's.
+  // The poison scan reads the block the entry has: a neighbour's poison past its end is not
+  // this entry's.
   absl::StatusOr<void*> next = stash.Create(1, 0, 64);
   REQUIRE(next.ok());
   REQUIRE(stash.Free(1, 0).ok());  // poisons the freed block

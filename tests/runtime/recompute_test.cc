@@ -45,12 +45,15 @@ struct Case {
   int chunks;
   bool split;
   Pick pick;
+  // The model's B reads lean blocks in place, and the cost model says so (lean_rebuild_bytes).
+  bool lean_in_place = false;
 };
 
 std::string Name(const Case& c) {
   const char* picks[] = {"keep", "lean", "full", "mixed"};
   return std::string(FamilyName(c.family)) + " v=" + std::to_string(c.chunks) +
-         (c.split ? " split " : " ") + picks[static_cast<int>(c.pick)];
+         (c.split ? " split " : " ") + picks[static_cast<int>(c.pick)] +
+         (c.lean_in_place ? " in place" : "");
 }
 
 // Unit costs with the toy model's exact bytes, saved and retained, per virtual stage.
@@ -71,6 +74,7 @@ CostModel ToyCosts(const Case& c) {
     }
   }
   cost.boundary_bytes = 4 * kWidth;
+  if (c.lean_in_place) cost.lean_rebuild_bytes = 0;
   return cost;
 }
 
@@ -414,49 +418,54 @@ TEST_CASE("an offloaded retained block's bytes and host slot are exact by hand",
                                            lean + saved, lean, lean + saved, saved, 0});
 }
 
-TEST_CASE("a model whose B reads the lean block is not rebuilt: same bits and logical peaks, "
-          "less device memory",
+TEST_CASE("a model whose B reads the lean block is not rebuilt: same bits, lower peaks, as "
+          "predicted",
           "[runtime][recompute][offload]") {
-  // StageModel::BackwardReadsRetained: RECOMPUTE_LEAN allocates and copies nothing. The
-  // logical stash (what the compiler predicts) is unchanged to the byte; the physical one is
-  // lower wherever a lean entry waits for its B, and never higher.
+  // StageModel::BackwardReadsRetained: RECOMPUTE_LEAN allocates, copies and counts nothing,
+  // and the cost model says so (lean_rebuild_bytes = 0), so the stash's logical peaks and the
+  // transfers are the predicted ones to the byte. Without offload the program is the same as
+  // the rebuilding one, and its peaks are never higher, and lower on stage 0 when every entry
+  // is lean (it peaks while one is rebuilt next to the others).
   for (const Family family : {Family::k1F1B, Family::kInterleaved}) {
     const int chunks = family == Family::k1F1B ? 1 : 2;
     for (const Pick pick : {Pick::kLean, Pick::kMixed}) {
       for (const bool offload : {false, true}) {
-        const Case c{family, chunks, /*split=*/false, pick};
-        INFO(Name(c) << (offload ? " + po-f" : ""));
-        absl::StatusOr<Schedule> schedule =
-            offload ? OffloadedRecomputeSchedule(c) : CaseSchedule(c);
-        INFO(schedule.status().ToString());
-        REQUIRE(schedule.ok());
-        REQUIRE(CountRecomputeOps(*schedule, OpKind::kRecomputeLean) > 0);
-        const std::vector<StageOutcome> rebuilt = RunBitwise(*schedule);
-        const std::vector<StageOutcome> in_place = RunBitwise(*schedule, true);
-        CheckStagesAsPredicted(*schedule, in_place);
-        for (std::size_t d = 0; d < in_place.size(); ++d) {
-          CAPTURE(d);
-          const IterationStats& read = in_place[d].iterations[0];
-          const IterationStats& copied = rebuilt[d].iterations[0];
-          CHECK(read.stash_high_water_bytes == copied.stash_high_water_bytes);
-          CHECK(read.stash_physical_high_water_bytes <= copied.stash_physical_high_water_bytes);
+        const Case copied_case{family, chunks, /*split=*/false, pick};
+        const Case read_case{family, chunks, /*split=*/false, pick, /*lean_in_place=*/true};
+        INFO(Name(read_case) << (offload ? " + po-f" : ""));
+        absl::StatusOr<Schedule> read_schedule =
+            offload ? OffloadedRecomputeSchedule(read_case) : CaseSchedule(read_case);
+        INFO(read_schedule.status().ToString());
+        REQUIRE(read_schedule.ok());
+        REQUIRE(CountRecomputeOps(*read_schedule, OpKind::kRecomputeLean) > 0);
+        const std::vector<StageOutcome> read = RunBitwise(*read_schedule, true);
+        CheckStagesAsPredicted(*read_schedule, read);
+        if (offload) {
+          CHECK(RetainedOffloads(*read_schedule) > 0);
+          continue;
         }
-        // Every entry lean: stage 0 peaks while one is rebuilt next to the others; in place,
-        // it holds only the lean block there.
-        if (pick == Pick::kLean) {
-          CHECK(in_place[0].iterations[0].stash_physical_high_water_bytes <
-                rebuilt[0].iterations[0].stash_physical_high_water_bytes);
+        absl::StatusOr<Schedule> copied_schedule = CaseSchedule(copied_case);
+        REQUIRE(copied_schedule.ok());
+        for (std::size_t d = 0; d < read.size(); ++d) {
+          CAPTURE(d);
+          CHECK(read_schedule->stages[d].ops == copied_schedule->stages[d].ops);
+          const std::int64_t read_peak = read_schedule->predictions->stages[d].peak_bytes;
+          const std::int64_t copied_peak = copied_schedule->predictions->stages[d].peak_bytes;
+          CHECK(read_peak <= copied_peak);
+          // Nothing offloaded, nothing pending: the device holds what is counted.
+          CHECK(read[d].iterations[0].stash_physical_high_water_bytes == read_peak);
+          if (pick == Pick::kLean && d == 0) CHECK(read_peak < copied_peak);
         }
       }
     }
   }
 }
 
-TEST_CASE("a lean block read in place: logical and physical bytes by hand",
+TEST_CASE("a lean block read in place: predicted, logical and physical bytes by hand",
           "[runtime][recompute]") {
-  // F0 F1 keep lean blocks; RECOMPUTE_LEAN0 counts the full entry (logical, as predicted) but
-  // allocates nothing; B0 frees the lean block. Physical never exceeds the two lean blocks.
-  const HandCase hand = OneStageHandCase(
+  // F0 F1 keep lean blocks; RECOMPUTE_LEAN0 allocates and counts nothing; B0 frees the lean
+  // block. Every count stays within the two lean blocks.
+  HandCase hand = OneStageHandCase(
       Recompute::kLean, {{OpKind::kForward, 0, 0, -1},
                          {OpKind::kForward, 1, 0, -1},
                          {OpKind::kRecomputeLean, 0, 0, -1},
@@ -466,6 +475,11 @@ TEST_CASE("a lean block read in place: logical and physical bytes by hand",
   const std::int64_t saved = hand.saved;
   const std::int64_t lean = hand.retained;
   REQUIRE(lean < saved);
+  hand.cost.lean_rebuild_bytes = 0;
+  absl::StatusOr<Timeline> timeline = Simulate(hand.schedule, hand.cost);
+  REQUIRE(timeline.ok());
+  CHECK(timeline->predictions.stages[0].peak_bytes == 2 * lean);
+  CHECK(timeline->predictions.stages[0].peak_units == 2);
   HarnessOptions options;
   options.width = kWidth;
   options.extra_words = kExtraWords;
@@ -473,15 +487,14 @@ TEST_CASE("a lean block read in place: logical and physical bytes by hand",
   const std::vector<StageOutcome> outcomes = RunToyPipeline(hand.schedule, options);
   REQUIRE(outcomes[0].status.ok());
   const IterationStats& measured = outcomes[0].iterations[0];
-  CHECK(measured.stash_high_water_bytes == 2 * lean + saved);
+  CHECK(measured.stash_high_water_bytes == 2 * lean);
   CHECK(measured.stash_physical_high_water_bytes == 2 * lean);
   CHECK(outcomes[0].arena_in_use_after == 0);
   CHECK(GradsByVirtualStage(outcomes, 1, 1) ==
         ToyReference(ToyConfig{1, 1, 2, kWidth, kExtraWords}));
   std::vector<std::int64_t> bytes;
   for (const MemorySample& sample : measured.memory) bytes.push_back(sample.bytes);
-  CHECK(bytes == std::vector<std::int64_t>{0, lean, 2 * lean, 2 * lean + saved, lean + saved,
-                                           lean, lean + saved, saved, 0});
+  CHECK(bytes == std::vector<std::int64_t>{0, lean, 2 * lean, lean, 0});
 }
 
 // The toy model without its recompute hooks: StageModel's defaults.

@@ -68,6 +68,32 @@ TEST_CASE("cost model recompute fields derive from the others", "[recompute][cos
   CHECK(gpt.RecomputeTime(0, Recompute::kLean) < 0.05 * gpt.forward_time);
 }
 
+TEST_CASE("what a rebuild allocates and what B then reads", "[recompute][cost]") {
+  CostModel cost;
+  cost.activation_bytes = 1000;
+  cost.retained_lean_bytes = 400;
+  const VirtualStageMap map{Placement::kLoop, 2, 2};
+  // Default: every RECOMPUTE* rebuilds the whole entry, which B reads.
+  for (const Recompute mode : {Recompute::kNone, Recompute::kLean, Recompute::kFull}) {
+    CAPTURE(RecomputeName(mode));
+    CHECK(cost.RebuildBytes(1, 1, map, mode) == 1000);
+    CHECK(cost.BackwardHeldBytes(1, 1, map, mode) == 1000);
+  }
+  // 0: B reads the lean block in place; full recompute still rebuilds the entry.
+  cost.lean_rebuild_bytes = 0;
+  CHECK(cost.RebuildBytes(0, 0, map, Recompute::kLean) == 0);
+  CHECK(cost.BackwardHeldBytes(0, 0, map, Recompute::kLean) == 400);
+  CHECK(cost.RebuildBytes(0, 0, map, Recompute::kFull) == 1000);
+  CHECK(cost.BackwardHeldBytes(0, 0, map, Recompute::kNone) == 1000);
+  // Per virtual stage (c * p + d): in place on virtual stages 0 and 1, a 600-byte block on 2,
+  // the whole entry (-1) on 3, the last stage's head chunk.
+  cost.lean_rebuild_bytes_per_virtual_stage = {0, 0, 600, -1};
+  CHECK(cost.BackwardHeldBytes(1, 0, map, Recompute::kLean) == 400);
+  CHECK(cost.RebuildBytes(0, 1, map, Recompute::kLean) == 600);
+  CHECK(cost.BackwardHeldBytes(0, 1, map, Recompute::kLean) == 600);
+  CHECK(cost.RebuildBytes(1, 1, map, Recompute::kLean) == 1000);
+}
+
 TEST_CASE("the simulator charges recompute time and holds retained bytes until it ends",
           "[recompute][sim]") {
   // One stage, F0 F1 RECOMPUTE0 B0 RECOMPUTE_LEAN1 B1 with F = 1, B = 1, full 0.5, lean 0.25.
@@ -101,6 +127,38 @@ TEST_CASE("the simulator charges recompute time and holds retained bytes until i
   std::vector<std::int64_t> bytes;
   for (const MemorySample& sample : timeline->memory[0]) bytes.push_back(sample.bytes);
   CHECK(bytes == std::vector<std::int64_t>{10, 50, 150, 140, 40, 140, 100, 0});
+}
+
+TEST_CASE("the simulator holds what a lean rebuild allocates, or only the lean block in place",
+          "[recompute][sim]") {
+  // One stage, F0 F1 RECOMPUTE_LEAN0 B0 RECOMPUTE_LEAN1 B1; entries of 100 bytes, lean 40.
+  Schedule s = Make(1, 2, 1, false,
+                    {{F(0), F(1), RecomputeLean(0), B(0), RecomputeLean(1), B(1)}});
+  REQUIRE(Validate(s).ok());
+  CostModel cost = HandTimedCosts();
+  cost.activation_bytes = 100;
+  cost.recompute_lean_time = 0.25;
+  cost.retained_lean_bytes = 40;
+  // lean_rebuild_bytes -> the samples: a rebuild holds its block beside the lean one while it
+  // runs, then the block alone until B; in place, nothing changes at the rebuild.
+  const std::map<std::int64_t, std::vector<std::int64_t>> expected = {
+      {-1, {40, 80, 180, 140, 40, 140, 100, 0}},
+      {60, {40, 80, 140, 100, 40, 100, 60, 0}},
+      {0, {40, 80, 40, 0}}};
+  for (const auto& [rebuild, samples] : expected) {
+    CAPTURE(rebuild);
+    cost.lean_rebuild_bytes = rebuild;
+    absl::StatusOr<Timeline> timeline = Simulate(s, cost);
+    REQUIRE(timeline.ok());
+    std::vector<std::int64_t> bytes;
+    for (const MemorySample& sample : timeline->memory[0]) bytes.push_back(sample.bytes);
+    CHECK(bytes == samples);
+    const StagePrediction& stage = timeline->predictions.stages[0];
+    CHECK(stage.peak_bytes == *std::max_element(samples.begin(), samples.end()));
+    CHECK(stage.peak_units == 2);
+    // Same ops, same times: only the bytes differ.
+    CHECK(timeline->predictions.step_time == 4.5);
+  }
 }
 
 TEST_CASE("the simulator moves an offloaded retained block and recomputes after its reload",
@@ -388,6 +446,48 @@ TEST_CASE("auto mixes offload and recompute per entry where offload alone cannot
   CHECK(fitting_recompute_only > 0);
   // Only the entries the link could not carry are recomputed: fewer than half of them.
   CHECK(2 * recomputed < 4 * 16 * mixed->spec.chunks_per_stage);
+}
+
+TEST_CASE("auto knows a lean block read in place: its budget holds more, at no slower a step",
+          "[recompute][auto][mix]") {
+  // The same spec and budget, planned for a model whose lean rebuild writes a whole entry and
+  // for one whose B reads the lean block in place (lean_rebuild_bytes = 0). The budget is what
+  // every entry lean takes in place: a rebuilding plan must recompute in full or offload
+  // more to fit it, the in-place plan need not.
+  CostModel rebuilt = UnitCostModel(1.0);
+  CostModel read = rebuilt;
+  read.lean_rebuild_bytes = 0;
+  PipelineSpec lean = MakeSpec(Family::kInterleaved, 4, 16, 2);
+  lean.recompute = Recompute::kLean;
+  absl::StatusOr<Schedule> all_lean_read = Compile(lean, read);
+  absl::StatusOr<Schedule> all_lean_rebuilt = Compile(lean, rebuilt);
+  REQUIRE(all_lean_read.ok());
+  REQUIRE(all_lean_rebuilt.ok());
+  REQUIRE(all_lean_read->stages == all_lean_rebuilt->stages);
+  std::int64_t budget = 0;
+  for (std::size_t d = 0; d < all_lean_read->stages.size(); ++d) {
+    CAPTURE(d);
+    const std::int64_t read_peak = all_lean_read->predictions->stages[d].peak_bytes;
+    // In place, each stage's peak is lower by the one rebuilt entry's block.
+    CHECK(read_peak < all_lean_rebuilt->predictions->stages[d].peak_bytes);
+    budget = std::max(budget, read_peak);
+  }
+  PipelineSpec spec = MakeSpec(Family::kInterleaved, 4, 16, 2);
+  spec.offload = OffloadPolicy::kAuto;
+  spec.recompute = Recompute::kFull;
+  spec.memory_budget_bytes = budget;
+  absl::StatusOr<Schedule> planned_read = Compile(spec, read);
+  INFO(planned_read.status().ToString());
+  REQUIRE(planned_read.ok());
+  for (const StagePrediction& stage : planned_read->predictions->stages) {
+    CHECK(stage.peak_bytes <= budget);
+  }
+  absl::StatusOr<Schedule> planned_rebuilt = Compile(spec, rebuilt);
+  if (planned_rebuilt.ok()) {
+    INFO(planned_read->predictions->warnings.back());
+    INFO(planned_rebuilt->predictions->warnings.back());
+    CHECK(planned_read->predictions->step_time <= planned_rebuilt->predictions->step_time);
+  }
 }
 
 TEST_CASE("a mix round covers the first peak, or every instant above the budget",

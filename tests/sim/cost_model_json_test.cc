@@ -51,6 +51,8 @@ void RequireSameCost(const CostModel& a, const CostModel& b) {
   CHECK(a.retained_lean_bytes == b.retained_lean_bytes);
   CHECK(a.retained_full_bytes_per_virtual_stage == b.retained_full_bytes_per_virtual_stage);
   CHECK(a.retained_lean_bytes_per_virtual_stage == b.retained_lean_bytes_per_virtual_stage);
+  CHECK(a.lean_rebuild_bytes == b.lean_rebuild_bytes);
+  CHECK(a.lean_rebuild_bytes_per_virtual_stage == b.lean_rebuild_bytes_per_virtual_stage);
 }
 
 // Every field moved away from its default, to values that are hard to print exactly.
@@ -78,6 +80,8 @@ CostModel AwkwardCost() {
   cost.retained_lean_bytes = 7;
   cost.retained_full_bytes_per_virtual_stage = {-1, 0, 5};
   cost.retained_lean_bytes_per_virtual_stage = {9, 0};
+  cost.lean_rebuild_bytes = 0;
+  cost.lean_rebuild_bytes_per_virtual_stage = {-1, 0, (std::int64_t{1} << 53) + 5};
   return cost;
 }
 
@@ -125,7 +129,9 @@ TEST_CASE("cost model JSON keys are the field names", "[io][cost]") {
                                        "retained_full_bytes",
                                        "retained_lean_bytes",
                                        "retained_full_bytes_per_virtual_stage",
-                                       "retained_lean_bytes_per_virtual_stage"};
+                                       "retained_lean_bytes_per_virtual_stage",
+                                       "lean_rebuild_bytes",
+                                       "lean_rebuild_bytes_per_virtual_stage"};
   std::sort(expected.begin(), expected.end());
   CHECK(keys == expected);
   CHECK(doc["forward_time"] == 1.0);
@@ -174,7 +180,8 @@ TEST_CASE("cost model JSON errors name the key", "[io][cost]") {
                 "p2p_latency, p2p_shares_host_link, host_link_group_size, "
                 "reload_margin_in_backward_times, recompute_full_time, recompute_lean_time, "
                 "retained_full_bytes, retained_lean_bytes, "
-                "retained_full_bytes_per_virtual_stage, retained_lean_bytes_per_virtual_stage");
+                "retained_full_bytes_per_virtual_stage, retained_lean_bytes_per_virtual_stage, "
+                "lean_rebuild_bytes, lean_rebuild_bytes_per_virtual_stage");
   }
   SECTION("wrong types name the expected type") {
     ExpectError(R"({"forward_time": "1"})", "forward_time: expected a number");
@@ -207,6 +214,9 @@ TEST_CASE("cost model JSON errors name the key", "[io][cost]") {
     ExpectError(R"({"retained_lean_bytes": -1})", "retained_lean_bytes: must be >= 0, got -1");
     ExpectError(R"({"retained_full_bytes_per_virtual_stage": [0, -2]})",
                 "retained_full_bytes_per_virtual_stage[1]: must be >= -1, got -2");
+    ExpectError(R"({"lean_rebuild_bytes": -2})", "lean_rebuild_bytes: must be >= -1, got -2");
+    ExpectError(R"({"lean_rebuild_bytes_per_virtual_stage": [0, -3]})",
+                "lean_rebuild_bytes_per_virtual_stage[1]: must be >= -1, got -3");
     ExpectError(R"({"stage_time_scale": [1, -1]})",
                 "stage_time_scale[1]: must be finite and >= 0, got -1");
   }
