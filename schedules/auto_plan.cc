@@ -33,10 +33,21 @@
 // "Faster" is the candidate's predicted step_time, or with a judge (CompileOptions::auto_step)
 // the judge's step: stages sharing one GPU are judged by SimulateSharedGpu, where recompute in a
 // bubble is not free. Only the ranking changes; which candidates are compiled does not.
+//
+// Compile time (issue 15): each candidate is a full compile (up to seconds at p=64 m=512 v=4),
+// so the orders are compiled on several threads, a few at a time (kOrdersInFlight), and
+// replayed into one sequential search in order. An order's own search (its shares, recompute
+// fractions and mixed rounds) depends on no other order; only whether it is searched at all
+// depends on the incumbent, which the replay decides. So the result, the log, the candidates
+// counted and the judge's calls are the sequential search's whatever the number of threads; a
+// thread only guesses which orders are wanted, to search them ahead (a wrong guess costs time,
+// never the result).
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <iterator>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,7 +55,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lib/base/check.h"
 #include "lib/base/checked_math.h"
+#include "lib/base/parallel_for.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 #include "schedules/offload_planner.h"
@@ -79,6 +92,12 @@ constexpr int kMaxMixRounds = 16;
 // Rounds without a lower peak after which a lean search goes on in full.
 constexpr int kMixRoundsWithoutGain = 3;
 constexpr int kFullOffload = 4;  // kShares' po-f
+
+// Candidates compiled at once (each on a thread of its own). A compile holds its working state
+// (about 0.4 GB at p=64 m=512 v=4, docs/benchmarks.md), so this bounds auto's memory at about
+// that many compiles; the compiler's threads they leave idle run the loops inside their
+// compiles (lib/base/parallel_for.h).
+constexpr int kOrdersInFlight = 4;
 
 struct Order {
   Family family;
@@ -141,24 +160,44 @@ std::string ChoiceName(const RecomputeChoice& choice, const PipelineSpec& spec) 
   return absl::StrCat(name, " of ", entries, " entries");
 }
 
-// The search state of PlanAuto: the incumbent, the smallest peak seen, and the log.
-struct Search {
+bool FitsBudget(const Schedule& schedule, const PipelineSpec& spec) {
+  return MaxPeak(*schedule.predictions) <= spec.memory_budget_bytes;
+}
+
+// The log line of a compiled candidate.
+std::string PlanLine(const std::string& name, const Schedule& schedule, const PipelineSpec& spec) {
+  const Predictions& p = *schedule.predictions;
+  return absl::StrFormat("%s: step time %.6g, peak %d bytes per stage, %d bytes offloaded: %s",
+                         name, p.step_time, MaxPeak(p), Offloaded(p),
+                         FitsBudget(schedule, spec) ? "fits" : "exceeds the budget");
+}
+
+// One step of an order's search, as Search replays it: a candidate compiled (or not), a log
+// line, or a fitting candidate offered to the incumbent.
+struct Event {
+  enum class Kind { kTried, kLog, kConsider };
+  Kind kind;
+  std::string text;                  // kTried, kConsider: the candidate's name; kLog: the line
+  std::optional<std::int64_t> peak;  // kTried: the candidate's peak; nullopt: did not compile
+  std::string error;                 // kTried that did not compile: why
+  std::optional<Schedule> schedule;  // kConsider
+};
+
+// What one order's search does once its plain plan does not fit (TryOrder in the file comment's
+// terms): compile its offload shares, recompute fractions and mixed rounds, and pick among them.
+// None of it depends on the other orders (the incumbent only decides whether the order is
+// searched at all) and none of it calls the judge, so it may run on any thread, ahead of the
+// replay; it records what it does as Events, which Search replays in order.
+struct OrderSearch {
   const PipelineSpec& spec;
-  std::vector<std::string>* alternatives;
-  const StepJudge& judge;
-  std::optional<Schedule> best;
-  double best_step = 0.0;  // Step(*best)
-  std::string best_name;
-  std::optional<std::int64_t> smallest_peak;
-  std::string smallest_name;
-  std::string last_error;
-  int weighed = 0;
+  const CostModel& cost;  // re-chunked for order.v
+  Order order;
+  std::vector<Event> events;
 
   // Compiles `order` with share kShares[index], recompute as spec.recompute = `recompute` and
   // `recompute_fraction` would choose, or per entry as `choice` says when it is not null;
   // nullopt when it does not compile.
-  std::optional<Schedule> Try(const Order& order, const CostModel& cost, int index,
-                              std::string* name, Recompute recompute = Recompute::kNone,
+  std::optional<Schedule> Try(int index, std::string* name, Recompute recompute = Recompute::kNone,
                               double recompute_fraction = 1.0,
                               const RecomputeChoice* choice = nullptr) {
     const Share& share = kShares[index];
@@ -176,7 +215,6 @@ struct Search {
     absl::StatusOr<Schedule> compiled = choice != nullptr
                                             ? CompileWithRecompute(candidate, cost, *choice)
                                             : Compile(candidate, cost);
-    ++weighed;
     *name = absl::StrCat(OrderName(order, compiled.ok() ? compiled->spec.group_size : order.g),
                          ", offload ", share.name);
     if (recompute != Recompute::kNone) {
@@ -185,71 +223,42 @@ struct Search {
     }
     if (choice != nullptr) absl::StrAppend(name, ", ", ChoiceName(*choice, candidate));
     if (!compiled.ok()) {
-      last_error = std::string(compiled.status().message());
-      Log(absl::StrCat(*name, ": not applicable: ", last_error));
+      const std::string error(compiled.status().message());
+      events.push_back({Event::Kind::kTried, *name, std::nullopt, error, std::nullopt});
+      Log(absl::StrCat(*name, ": not applicable: ", error));
       return std::nullopt;
     }
-    const std::int64_t peak = MaxPeak(*compiled->predictions);
-    if (!smallest_peak || peak < *smallest_peak) {
-      smallest_peak = peak;
-      smallest_name = *name;
-    }
+    events.push_back(
+        {Event::Kind::kTried, *name, MaxPeak(*compiled->predictions), "", std::nullopt});
     return *std::move(compiled);
   }
 
-  // The step `schedule` is ranked by (the file comment); nullopt when the judge rules it out.
-  std::optional<double> Step(const Schedule& schedule, const std::string& name) {
-    if (!judge) return schedule.predictions->step_time;
-    absl::StatusOr<double> step = judge(schedule);
-    if (!step.ok()) {
-      Log(absl::StrCat(name, ": ruled out by the step judge: ", step.status().message()));
-      return std::nullopt;
-    }
-    Log(absl::StrFormat("%s: judged step time %.6g", name, *step));
-    return *step;
-  }
-
-  bool Fits(const Schedule& schedule) const {
-    return MaxPeak(*schedule.predictions) <= spec.memory_budget_bytes;
-  }
-
+  bool Fits(const Schedule& schedule) const { return FitsBudget(schedule, spec); }
   void Log(std::string line) {
-    if (alternatives != nullptr) alternatives->push_back(std::move(line));
+    events.push_back({Event::Kind::kLog, std::move(line), std::nullopt, "", std::nullopt});
   }
   void LogPlan(const std::string& name, const Schedule& schedule) {
-    const Predictions& p = *schedule.predictions;
-    Log(absl::StrFormat("%s: step time %.6g, peak %d bytes per stage, %d bytes offloaded: %s",
-                        name, p.step_time, MaxPeak(p), Offloaded(p),
-                        Fits(schedule) ? "fits" : "exceeds the budget"));
+    Log(PlanLine(name, schedule, spec));
+  }
+  void Consider(Schedule schedule, const std::string& name) {
+    events.push_back({Event::Kind::kConsider, name, std::nullopt, "", std::move(schedule)});
   }
 
-  // The order's smallest share that fits, if it can beat the incumbent. Offload never makes an
-  // order faster, so its step time without offload decides whether it can; peaks fall as the
-  // share grows (the planner's choices nest), so after no offload and full offload a bisection
-  // over the shares between finds the smallest that fits.
-  void TryOrder(const Order& order, const CostModel& cost) {
-    std::string name;
-    std::optional<Schedule> plain = Try(order, cost, 0, &name);
-    if (!plain) return;
-    const std::optional<double> plain_step = Step(*plain, name);
-    if (!plain_step) return;
-    if (best && *plain_step > best_step * (1 + 1e-9)) {
-      Log(absl::StrFormat("%s: step time %.6g, slower than %s: skipped with its larger shares",
-                          name, *plain_step, best_name));
-      return;
-    }
-    LogPlan(name, *plain);
-    if (Fits(*plain)) return Consider(std::move(*plain), name);
-    std::optional<Schedule> full_offload = TryOffloadShares(order, cost);
-    TryRecompute(order, cost);
+  // The order's smallest offload share that fits (the plain plan did not), then recompute
+  // instead of offload and both per entry where spec.recompute allows it. Offload never makes
+  // an order faster; peaks fall as the share grows (the planner's choices nest), so after full
+  // offload a bisection over the shares between finds the smallest that fits.
+  void Run() {
+    std::optional<Schedule> full_offload = TryOffloadShares();
+    TryRecompute();
     if (full_offload && spec.recompute != Recompute::kNone) {
       for (const MixCover cover : {MixCover::kPeak, MixCover::kPlateau}) {
-        TryMixed(order, cost, *full_offload, {}, Recompute::kLean, cover);
+        TryMixed(*full_offload, {}, Recompute::kLean, cover);
         if (spec.recompute == Recompute::kFull) {
-          TryMixed(order, cost, *full_offload, {}, Recompute::kFull, cover);
+          TryMixed(*full_offload, {}, Recompute::kFull, cover);
         }
       }
-      TryLeanOffload(order, cost, *full_offload);
+      TryLeanOffload(*full_offload);
     }
   }
 
@@ -257,7 +266,7 @@ struct Search {
   // carries it (issue 16: where the link cannot carry whole entries, a lean block is the share
   // of an entry it can), and, when that does not fit and spec.recompute allows full, rounds
   // from it that recompute in full at the peaks. `full_offload` is the order's po-f plan.
-  void TryLeanOffload(const Order& order, const CostModel& cost, const Schedule& full_offload) {
+  void TryLeanOffload(const Schedule& full_offload) {
     RecomputeChoice all_lean;
     const VirtualStageMap map = full_offload.spec.stage_map();
     for (const StageProgram& program : full_offload.stages) {
@@ -271,14 +280,13 @@ struct Search {
     }
     if (all_lean.empty()) return;
     std::string name;
-    std::optional<Schedule> lean =
-        Try(order, cost, kFullOffload, &name, Recompute::kNone, 1.0, &all_lean);
+    std::optional<Schedule> lean = Try(kFullOffload, &name, Recompute::kNone, 1.0, &all_lean);
     if (!lean) return;
     LogPlan(name, *lean);
     if (Fits(*lean)) return Consider(*std::move(lean), name);
     if (spec.recompute != Recompute::kFull) return;
     for (const MixCover cover : {MixCover::kPeak, MixCover::kPlateau}) {
-      TryMixed(order, cost, *lean, all_lean, Recompute::kFull, cover);
+      TryMixed(*lean, all_lean, Recompute::kFull, cover);
     }
   }
 
@@ -286,8 +294,7 @@ struct Search {
   // plan with the recompute `choice`, which does not fit) and recomputing in `mode` first, each
   // round covering what `cover` says; a lean search goes on in full once lean lowers no stage
   // further, when spec.recompute allows it.
-  void TryMixed(const Order& order, const CostModel& cost, const Schedule& start,
-                RecomputeChoice choice, Recompute mode, MixCover cover) {
+  void TryMixed(const Schedule& start, RecomputeChoice choice, Recompute mode, MixCover cover) {
     const Schedule* current = &start;
     std::optional<Schedule> candidate;
     std::int64_t lowest = MaxPeak(*start.predictions);
@@ -306,7 +313,7 @@ struct Search {
         }
       }
       std::string name;
-      candidate = Try(order, cost, kFullOffload, &name, Recompute::kNone, 1.0, &choice);
+      candidate = Try(kFullOffload, &name, Recompute::kNone, 1.0, &choice);
       if (!candidate) return;
       LogPlan(name, *candidate);
       if (Fits(*candidate)) return Consider(*std::move(candidate), name);
@@ -318,14 +325,14 @@ struct Search {
   }
 
   // For each recompute mode spec.recompute allows, the smallest fraction that fits.
-  void TryRecompute(const Order& order, const CostModel& cost) {
+  void TryRecompute() {
     std::vector<Recompute> modes;
     if (spec.recompute != Recompute::kNone) modes.push_back(Recompute::kLean);
     if (spec.recompute == Recompute::kFull) modes.push_back(Recompute::kFull);
     for (const Recompute mode : modes) {
       for (const double fraction : kRecomputeFractions) {
         std::string name;
-        std::optional<Schedule> candidate = Try(order, cost, 0, &name, mode, fraction);
+        std::optional<Schedule> candidate = Try(0, &name, mode, fraction);
         if (!candidate) break;
         LogPlan(name, *candidate);
         if (Fits(*candidate)) {
@@ -336,19 +343,19 @@ struct Search {
     }
   }
 
-  // The offload share bisection of TryOrder, for an order whose plain plan does not fit.
+  // The offload share bisection, for an order whose plain plan does not fit.
   // Returns the full offload plan when it does not fit either (the mixed search starts there).
-  std::optional<Schedule> TryOffloadShares(const Order& order, const CostModel& cost) {
+  std::optional<Schedule> TryOffloadShares() {
     std::string name;
     int low = 1, high = static_cast<int>(std::size(kShares)) - 1;  // high: the fitting candidate
-    std::optional<Schedule> fitting = Try(order, cost, high, &name);
+    std::optional<Schedule> fitting = Try(high, &name);
     if (!fitting) return std::nullopt;
     LogPlan(name, *fitting);
     if (!Fits(*fitting)) return fitting;
     std::string fitting_name = name;
     while (low < high) {
       const int mid = (low + high) / 2;
-      std::optional<Schedule> candidate = Try(order, cost, mid, &name);
+      std::optional<Schedule> candidate = Try(mid, &name);
       if (!candidate) return std::nullopt;
       LogPlan(name, *candidate);
       if (Fits(*candidate)) {
@@ -361,6 +368,98 @@ struct Search {
     }
     Consider(*std::move(fitting), fitting_name);
     return std::nullopt;
+  }
+
+  std::vector<Event> TakeEvents() { return std::exchange(events, {}); }
+};
+
+// One order's plain plan and, when it was searched ahead of the replay, its OrderSearch's
+// events.
+struct OrderRun {
+  Order order;
+  const CostModel* cost = nullptr;  // re-chunked for order.v
+  std::vector<Event> plain_events;
+  std::optional<Schedule> plain;  // without a judge, of one that does not fit: no programs
+  std::string plain_name;
+  std::optional<std::vector<Event>> searched;
+};
+
+// The search state of PlanAuto: the incumbent, the smallest peak seen, and the log. It sees the
+// orders one at a time, in order, as the sequential search would: whatever ran ahead of it on
+// other threads, the incumbent, the log and the judge's calls are those of the sequential
+// search.
+struct Search {
+  const PipelineSpec& spec;
+  std::vector<std::string>* alternatives;
+  const StepJudge& judge;
+  std::optional<Schedule> best;
+  double best_step = 0.0;  // Step(*best)
+  std::string best_name;
+  std::optional<std::int64_t> smallest_peak;
+  std::string smallest_name;
+  std::string last_error;
+  int weighed = 0;
+
+  // The order's plain plan decides: skipped when slower than the incumbent (offload never makes
+  // an order faster, so its step time without offload decides whether it can beat it), kept
+  // when it fits, else searched (OrderSearch, now unless it ran ahead).
+  void ReplayOrder(OrderRun& run) {
+    Replay(std::move(run.plain_events));
+    if (!run.plain) return;
+    const std::optional<double> plain_step = Step(*run.plain, run.plain_name);
+    if (!plain_step) return;
+    if (best && *plain_step > best_step * (1 + 1e-9)) {
+      Log(absl::StrFormat("%s: step time %.6g, slower than %s: skipped with its larger shares",
+                          run.plain_name, *plain_step, best_name));
+      return;
+    }
+    Log(PlanLine(run.plain_name, *run.plain, spec));
+    if (FitsBudget(*run.plain, spec)) return Consider(*std::move(run.plain), run.plain_name);
+    run.plain.reset();
+    if (!run.searched) {
+      OrderSearch search{spec, *run.cost, run.order, {}};
+      search.Run();
+      run.searched = search.TakeEvents();
+    }
+    Replay(*std::move(run.searched));
+  }
+
+  void Replay(std::vector<Event> events) {
+    for (Event& event : events) {
+      switch (event.kind) {
+        case Event::Kind::kTried:
+          ++weighed;
+          if (!event.peak) {
+            last_error = std::move(event.error);
+          } else if (!smallest_peak || *event.peak < *smallest_peak) {
+            smallest_peak = event.peak;
+            smallest_name = event.text;
+          }
+          break;
+        case Event::Kind::kLog:
+          Log(std::move(event.text));
+          break;
+        case Event::Kind::kConsider:
+          Consider(*std::move(event.schedule), event.text);
+          break;
+      }
+    }
+  }
+
+  // The step `schedule` is ranked by (the file comment); nullopt when the judge rules it out.
+  std::optional<double> Step(const Schedule& schedule, const std::string& name) {
+    if (!judge) return schedule.predictions->step_time;
+    absl::StatusOr<double> step = judge(schedule);
+    if (!step.ok()) {
+      Log(absl::StrCat(name, ": ruled out by the step judge: ", step.status().message()));
+      return std::nullopt;
+    }
+    Log(absl::StrFormat("%s: judged step time %.6g", name, *step));
+    return *step;
+  }
+
+  void Log(std::string line) {
+    if (alternatives != nullptr) alternatives->push_back(std::move(line));
   }
 
   // Keeps `schedule` (which fits) when it is faster than the incumbent, or as fast and moves
@@ -380,6 +479,179 @@ struct Search {
     best_step = *step;
     best_name = name;
   }
+};
+
+// Compiles the orders' candidates on the compiler's threads and replays them into a Search in
+// order (the file comment). The tasks: every order's plain plan, in order, then the searches of
+// the orders likely to be wanted (Wanted), the largest first, so that the longest start first;
+// at most kOrdersInFlight at once. Whichever thread ends a task replays what is ready, one
+// thread at a time; the replay searches an order itself when no thread has, so on one thread
+// this is the sequential search, and a guess that missed costs time, never the result.
+class OrderScheduler {
+ public:
+  OrderScheduler(const PipelineSpec& spec, const CostModel& cost, bool judged,
+                 std::vector<Order> orders, Search* search)
+      : spec_(spec), judged_(judged), search_(*search), slots_(orders.size()) {
+    for (std::size_t i = 0; i < orders.size(); ++i) {
+      slots_[i].cost = RechunkedCost(cost, spec.chunks_per_stage, orders[i].v);
+      slots_[i].run.order = orders[i];
+      slots_[i].run.cost = &slots_[i].cost;
+    }
+  }
+
+  void Run() {
+    const int workers = std::min(kOrdersInFlight, CompileThreads());
+    ParallelFor(workers, [&](int) { Work(); }, workers);
+    PO_CHECK(replayed_ == static_cast<int>(slots_.size()));
+  }
+
+ private:
+  enum class SearchState { kNone, kRunning, kDone };
+  struct Slot {
+    CostModel cost;  // the order's, re-chunked; read by every thread, written by none
+    OrderRun run;
+    bool plain_done = false;
+    std::optional<double> plain_step;  // predicted; nullopt: the plain plan did not compile
+    std::int64_t ops = 0;              // the plain plan's: how long its search will take
+    SearchState search = SearchState::kNone;
+    bool taken = false;  // by the replay, which searches it itself if it must
+  };
+  struct Task {
+    int order;
+    bool search;  // else its plain plan
+  };
+
+  void Work() {
+    try {
+      std::unique_lock<std::mutex> lock(mu_);
+      Task task;
+      while (NextTask(lock, &task)) {
+        lock.unlock();
+        if (task.search) {
+          Slot& slot = slots_[task.order];
+          OrderSearch search{spec_, slot.cost, slot.run.order, {}};
+          search.Run();
+          std::vector<Event> events = search.TakeEvents();
+          lock.lock();
+          slot.run.searched = std::move(events);
+          slot.search = SearchState::kDone;
+        } else {
+          CompilePlain(task.order, lock);
+          --plains_running_;
+        }
+        changed_.notify_all();
+        ReplayReady(lock);
+      }
+    } catch (...) {
+      // Threads waiting for a task must not wait for one that will not come.
+      const std::lock_guard<std::mutex> lock(mu_);
+      failed_ = true;
+      changed_.notify_all();
+      throw;
+    }
+  }
+
+  // Compiles order i's plain plan; returns with `lock` held and the slot filled.
+  void CompilePlain(int i, std::unique_lock<std::mutex>& lock) {
+    Slot& slot = slots_[i];
+    OrderSearch search{spec_, slot.cost, slot.run.order, {}};
+    std::string name;
+    std::optional<Schedule> plain = search.Try(0, &name);
+    std::int64_t ops = 0;
+    if (plain) {
+      for (const StageProgram& program : plain->stages) {
+        ops += static_cast<std::int64_t>(program.ops.size());
+      }
+      // Without a judge the replay reads only the predictions of a plan that does not fit;
+      // its programs need not wait for the replay beside the other orders'.
+      if (!judged_ && !FitsBudget(*plain, spec_)) std::vector<StageProgram>().swap(plain->stages);
+    }
+    lock.lock();
+    if (plain) slot.plain_step = plain->predictions->step_time;
+    slot.run.plain = std::move(plain);
+    slot.run.plain_name = std::move(name);
+    slot.run.plain_events = search.TakeEvents();
+    slot.ops = ops;
+    slot.plain_done = true;
+  }
+
+  // The next task, or false when none is left to start (waits while a plain plan that may
+  // make one wanted is being compiled).
+  bool NextTask(std::unique_lock<std::mutex>& lock, Task* task) {
+    const int count = static_cast<int>(slots_.size());
+    while (!failed_) {
+      if (next_plain_ < count) {
+        *task = {next_plain_++, false};
+        ++plains_running_;
+        return true;
+      }
+      int pick = -1;
+      for (int i = replayed_; i < count; ++i) {
+        // Of two as large, the later: its groups are larger, which takes the planner longer.
+        if (Wanted(i) && (pick < 0 || slots_[i].ops >= slots_[pick].ops)) pick = i;
+      }
+      if (pick >= 0) {
+        slots_[pick].search = SearchState::kRunning;
+        *task = {pick, true};
+        return true;
+      }
+      if (plains_running_ == 0) return false;
+      changed_.wait(lock);
+    }
+    return false;
+  }
+
+  // Whether order i is likely to be searched by the replay: its plain plan does not fit, and
+  // it is no slower than the incumbent so far, nor than an earlier order's plain plan, which
+  // is as fast as any of that order's candidates. With a judge the incumbent's step is the
+  // judge's, which the prediction does not bound.
+  bool Wanted(int i) const {
+    const Slot& slot = slots_[i];
+    if (slot.taken || slot.search != SearchState::kNone || !slot.plain_done ||
+        !slot.plain_step || FitsBudget(*slot.run.plain, spec_)) {
+      return false;
+    }
+    const double step = *slot.plain_step;
+    if (!judged_ && known_best_ && step > *known_best_ * (1 + 1e-9)) return false;
+    for (int j = 0; j < i; ++j) {
+      if (!slots_[j].plain_done) return false;  // it may rule this order out
+      if (slots_[j].plain_step && step > *slots_[j].plain_step * (1 + 1e-9)) return false;
+    }
+    return true;
+  }
+
+  // Replays the orders that are ready, in order, unless another thread is replaying (it will).
+  void ReplayReady(std::unique_lock<std::mutex>& lock) {
+    if (replaying_) return;
+    replaying_ = true;
+    const int count = static_cast<int>(slots_.size());
+    while (replayed_ < count && slots_[replayed_].plain_done &&
+           slots_[replayed_].search != SearchState::kRunning) {
+      Slot& slot = slots_[replayed_];
+      slot.taken = true;
+      {
+        OrderRun run = std::move(slot.run);
+        lock.unlock();
+        search_.ReplayOrder(run);
+      }  // what the incumbent did not take is freed outside the lock
+      lock.lock();
+      ++replayed_;
+      if (search_.best) known_best_ = search_.best_step;
+      changed_.notify_all();
+    }
+    replaying_ = false;
+  }
+
+  const PipelineSpec& spec_;
+  const bool judged_;
+  Search& search_;  // touched by the replaying thread only
+  std::mutex mu_;
+  std::condition_variable changed_;
+  // Guarded by mu_ (a slot's run also while its search runs: only that thread touches it).
+  std::vector<Slot> slots_;
+  int next_plain_ = 0, plains_running_ = 0, replayed_ = 0;
+  bool replaying_ = false, failed_ = false;
+  std::optional<double> known_best_;  // search_.best_step as of the last replayed order
 };
 
 }  // namespace
@@ -426,9 +698,7 @@ absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cos
         spec.num_stages, ", m=", spec.num_microbatches, ", v=", spec.chunks_per_stage, ")"));
   }
   Search search{spec, alternatives, judge};
-  for (const Order& order : Orders(spec, cost)) {
-    search.TryOrder(order, RechunkedCost(cost, spec.chunks_per_stage, order.v));
-  }
+  OrderScheduler(spec, cost, static_cast<bool>(judge), Orders(spec, cost), &search).Run();
   if (!search.best) {
     if (!search.smallest_peak) {
       return absl::InvalidArgumentError(absl::StrCat(

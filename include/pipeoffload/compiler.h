@@ -58,7 +58,9 @@ RecomputeChoice ChooseRecompute(const Schedule& lowered);
                                                     const RecomputeChoice& choice);
 
 // The step time `auto` ranks a candidate by (`candidate` is compiled, valid, with predictions
-// under the cost model it was planned with). An error rules the candidate out.
+// under the cost model it was planned with). An error rules the candidate out. auto calls it
+// for one candidate at a time, on the same candidates in the same order whatever the number of
+// compiler threads, but not always on the thread that called Compile.
 using StepJudge = std::function<absl::StatusOr<double>(const Schedule& candidate)>;
 
 struct CompileOptions {

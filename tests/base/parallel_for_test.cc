@@ -1,7 +1,7 @@
 // ParallelFor: every iteration exactly once whatever the thread cap, nothing for an empty loop,
-// nested loops on their caller's thread, a body's exception rethrown, small ParallelForSized
-// loops on the calling thread, and PO_COMPILE_THREADS read as a cap only when it is a positive
-// integer.
+// nested loops within the outer loop's cap (and on the threads it leaves idle), max_threads, a
+// body's exception rethrown, small ParallelForSized loops on the calling thread, and
+// PO_COMPILE_THREADS read as a cap only when it is a positive integer.
 #include "lib/base/parallel_for.h"
 
 #include <stdlib.h>
@@ -103,38 +103,88 @@ TEST_CASE("ParallelForSized runs small loops in order on the calling thread", "[
   CHECK(met.load());
 }
 
-TEST_CASE("A ParallelFor inside another's body stays on its thread (the cap holds)", "[base]") {
+// Waits (up to 10 s) until `threads` callers have arrived; false when they never did, which
+// means fewer threads ran the callers at once.
+bool Meet(std::atomic<int>& arrived, int threads) {
+  arrived.fetch_add(1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (arrived.load() < threads && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  return arrived.load() >= threads;
+}
+
+TEST_CASE("Loops nested in a ParallelFor's bodies share its thread cap", "[base]") {
   ThreadsVariable threads("4");
   std::mutex mu;
   std::set<std::thread::id> outer_ids;
-  std::atomic<int> inner_elsewhere{0}, inner_runs{0};
+  std::atomic<int> inner_runs{0}, busy{0}, most_busy{0};
   internal::ParallelFor(8, [&](int) {
-    const std::thread::id outer = std::this_thread::get_id();
     {
       std::lock_guard<std::mutex> lock(mu);
-      outer_ids.insert(outer);
+      outer_ids.insert(std::this_thread::get_id());
     }
     internal::ParallelFor(16, [&](int) {
+      // Each inner body in progress holds a thread of its own: at most the cap at once.
+      const int now = busy.fetch_add(1) + 1;
+      int most = most_busy.load();
+      while (now > most && !most_busy.compare_exchange_weak(most, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
       inner_runs.fetch_add(1);
-      if (std::this_thread::get_id() != outer) inner_elsewhere.fetch_add(1);
+      busy.fetch_sub(1);
     });
   });
   CHECK(inner_runs.load() == 8 * 16);
-  CHECK(inner_elsewhere.load() == 0);
+  CHECK(most_busy.load() <= 4);
   CHECK(static_cast<int>(outer_ids.size()) <= 4);
   // After the loop the calling thread may start threads again.
   std::set<std::thread::id> again;
   std::atomic<int> arrived{0};
+  std::atomic<bool> met{true};
   internal::ParallelFor(2, [&](int) {
-    arrived.fetch_add(1);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::yield();
-    }
+    if (!Meet(arrived, 2)) met = false;
     std::lock_guard<std::mutex> lock(mu);
     again.insert(std::this_thread::get_id());
   });
+  CHECK(met.load());
   CHECK(again.size() == 2);
+}
+
+TEST_CASE("max_threads caps a loop and leaves the other threads to the loops in its bodies",
+          "[base]") {
+  ThreadsVariable threads("4");
+  const std::thread::id caller = std::this_thread::get_id();
+  std::mutex mu;
+  std::set<std::thread::id> outer_ids;
+  std::atomic<bool> met{true};
+  internal::ParallelFor(
+      3,
+      [&](int) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          outer_ids.insert(std::this_thread::get_id());
+        }
+        // The outer loop runs on the caller alone, so its body's loop may use the three other
+        // threads: its four iterations meet, which only four threads can do.
+        std::atomic<int> arrived{0};
+        internal::ParallelFor(4, [&](int) {
+          if (!Meet(arrived, 4)) met = false;
+        });
+      },
+      /*max_threads=*/1);
+  CHECK(outer_ids == std::set{caller});
+  CHECK(met.load());
+  std::set<std::thread::id> ids;
+  internal::ParallelFor(
+      100,
+      [&](int) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      },
+      /*max_threads=*/2);
+  CHECK(ids.size() <= 2);
 }
 
 TEST_CASE("ParallelFor rethrows a body's exception on the calling thread", "[base]") {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <random>
@@ -1016,6 +1017,102 @@ TEST_CASE("auto picks the fastest plan that fits the budget", "[planner]") {
     const absl::StatusOr<Schedule> plan = internal::PlanAuto(spec, cost, nullptr);
     CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(plan.status().message()).find("memory_budget_bytes") != std::string::npos);
+  }
+}
+
+// auto compiles its orders on several threads and replays them in order (auto_plan.cc): what
+// it returns, logs and asks its judge must be what one thread gives, which is the sequential
+// search. Cases: plain plans that fit, offload bisections, no plan that fits, the mixed
+// recompute rounds, and a judge that reorders and rules out candidates.
+TEST_CASE("auto's result, log and judge calls do not depend on the compiler's threads",
+          "[planner][auto]") {
+  struct Case {
+    const char* name;
+    PipelineSpec spec;
+    CostModel cost;
+    bool judged;
+  };
+  std::vector<Case> cases;
+  for (const std::int64_t entries : {100, 3, 0}) {
+    PipelineSpec spec = MakeSpec(Family::k1F1B, 8, 32, 1, 0, true, OffloadPolicy::kAuto);
+    const CostModel cost = Unit(0.25);
+    spec.memory_budget_bytes = std::max<std::int64_t>(1, entries * cost.activation_bytes);
+    cases.push_back({"budget", spec, cost, false});
+    cases.push_back({"budget, judged", spec, cost, true});
+  }
+  for (const Recompute mode : {Recompute::kLean, Recompute::kFull}) {
+    // As "auto mixes offload and recompute per entry" (recompute_plan_test.cc): one entry
+    // below po-f's peak, so the mixed rounds run.
+    PipelineSpec spec = MakeSpec(Family::k1F1B, 4, 16, 1);
+    const CostModel cost = UnitCostModel(1.0);
+    spec.offload = OffloadPolicy::kFull;
+    const absl::StatusOr<Schedule> full_offload = Compile(spec, cost);
+    REQUIRE(full_offload.ok());
+    std::int64_t peak = 0;
+    for (const StagePrediction& s : full_offload->predictions->stages) {
+      peak = std::max(peak, s.peak_bytes);
+    }
+    spec.offload = OffloadPolicy::kAuto;
+    spec.recompute = mode;
+    spec.memory_budget_bytes = peak - cost.activation_bytes;
+    cases.push_back({"mixed", spec, cost, false});
+  }
+
+  struct Outcome {
+    std::string status;
+    std::vector<std::string> alternatives, judged;
+    std::optional<Schedule> schedule;
+  };
+  const auto plan = [](const Case& c) {
+    Outcome outcome;
+    // A judge that ranks v = 2 last and rules out v = 3, recording whom it was asked about.
+    const StepJudge judge = [&](const Schedule& candidate) -> absl::StatusOr<double> {
+      outcome.judged.push_back(std::string(FamilyName(candidate.spec.family)) + " v=" +
+                               std::to_string(candidate.spec.chunks_per_stage) + " " +
+                               std::string(OffloadPolicyName(candidate.spec.offload)));
+      if (candidate.spec.chunks_per_stage == 3) return absl::UnavailableError("no v = 3");
+      return candidate.predictions->step_time * (candidate.spec.chunks_per_stage == 2 ? 2 : 1);
+    };
+    absl::StatusOr<Schedule> schedule = internal::PlanAuto(
+        c.spec, c.cost, &outcome.alternatives, c.judged ? judge : StepJudge());
+    outcome.status = schedule.status().ToString();
+    if (schedule.ok()) outcome.schedule = *std::move(schedule);
+    return outcome;
+  };
+  const char* const before = std::getenv("PO_COMPILE_THREADS");
+  const std::string saved = before == nullptr ? "" : before;
+  for (const Case& c : cases) {
+    ::setenv("PO_COMPILE_THREADS", "1", 1);
+    const Outcome sequential = plan(c);
+    for (const char* threads : {"2", "3", "16"}) {
+      ::setenv("PO_COMPILE_THREADS", threads, 1);
+      const Outcome outcome = plan(c);
+      INFO(c.name << ", budget " << c.spec.memory_budget_bytes << ", " << threads
+                  << " threads: " << outcome.status);
+      CHECK(outcome.status == sequential.status);
+      CHECK(outcome.alternatives == sequential.alternatives);
+      CHECK(outcome.judged == sequential.judged);
+      REQUIRE(outcome.schedule.has_value() == sequential.schedule.has_value());
+      if (!outcome.schedule) continue;
+      CHECK(outcome.schedule->spec == sequential.schedule->spec);
+      CHECK(outcome.schedule->stages == sequential.schedule->stages);
+      const Predictions& got = *outcome.schedule->predictions;
+      const Predictions& want = *sequential.schedule->predictions;
+      CHECK(got.step_time == want.step_time);
+      CHECK(got.warnings == want.warnings);
+      REQUIRE(got.stages.size() == want.stages.size());
+      for (std::size_t s = 0; s < got.stages.size(); ++s) {
+        CHECK(got.stages[s].peak_bytes == want.stages[s].peak_bytes);
+      }
+    }
+    // The cases are meant to reach the search's branches: a kept plan or a clear refusal.
+    CHECK((sequential.schedule.has_value() ||
+           sequential.status.find("no plan fits") != std::string::npos));
+  }
+  if (before == nullptr) {
+    ::unsetenv("PO_COMPILE_THREADS");
+  } else {
+    ::setenv("PO_COMPILE_THREADS", saved.c_str(), 1);
   }
 }
 
