@@ -474,6 +474,17 @@ typedef struct po_stage_callbacks {
    * full entry in args->saved (exactly what forward would have written) from args->retained.
    * No side effects beyond `saved` (the loss is not accounted twice, no state advances). */
   po_compute_fn recompute;
+  /* Appended after recompute: B reads a retained block itself (StageModel::
+   * BackwardReadsRetained). Optional: NULL (or a table of an older struct_size) is "never";
+   * set only beside the recompute callbacks. Nonzero for (stage, chunk, mode, split_backward)
+   * means that the RECOMPUTE* of such an entry calls no recompute callback and allocates
+   * nothing, and that backward (and backward_weight when W is split) get the retained block:
+   * args->saved and args->retained both point at it, args->recompute is the mode and
+   * args->retained_bytes its size (saved_bytes still gives the full entry's). The planner
+   * counts such entries at their retained size until B frees them. The same for every
+   * microbatch; called during open and run, so it must always give the same answer. */
+  int32_t (*backward_reads_retained)(void* user, int32_t stage, int32_t chunk, int32_t mode,
+                                     int32_t split_backward);
 } po_stage_callbacks;
 
 /* Sets struct_size, zeroes the rest (every callback NULL, which open rejects). */

@@ -114,6 +114,7 @@ absl::Status CallbackStageModel::Call(po_compute_fn function, const po_compute_a
 
 absl::Status CallbackStageModel::Forward(int mb, int chunk, const void* input, void* output,
                                          void* saved) {
+  read_in_place_.erase({mb, chunk});  // a full entry this time
   po_compute_args args = Args(PO_OP_FORWARD, mb, chunk, saved);
   args.input = input;
   args.output = output;
@@ -127,7 +128,17 @@ absl::Status CallbackStageModel::Backward(int mb, int chunk, const void* grad_ou
   args.input = grad_output;
   args.output = grad_input;
   args.with_weight_grad = with_weight_grad ? 1 : 0;
+  MarkReadInPlace(args);
+  if (with_weight_grad) read_in_place_.erase({mb, chunk});
   return Call(callbacks_.backward, args, "backward");
+}
+
+void CallbackStageModel::MarkReadInPlace(po_compute_args& args) const {
+  const auto it = read_in_place_.find({args.mb, args.chunk});
+  if (it == read_in_place_.end()) return;
+  args.recompute = static_cast<std::int32_t>(it->second);
+  args.retained = args.saved;
+  args.retained_bytes = RetainedBytes(args.chunk, it->second, split_backward_);
 }
 
 absl::Status CallbackStageModel::BackwardWeight(int mb, int chunk, void* saved) {
@@ -135,8 +146,10 @@ absl::Status CallbackStageModel::BackwardWeight(int mb, int chunk, void* saved) 
   if (callbacks_.backward_weight == nullptr) {
     return absl::InternalError("BackwardWeight called without a backward_weight callback");
   }
-  return Call(callbacks_.backward_weight, Args(PO_OP_BACKWARD_WEIGHT, mb, chunk, saved),
-              "backward_weight");
+  po_compute_args args = Args(PO_OP_BACKWARD_WEIGHT, mb, chunk, saved);
+  MarkReadInPlace(args);
+  read_in_place_.erase({mb, chunk});
+  return Call(callbacks_.backward_weight, args, "backward_weight");
 }
 
 std::int64_t CallbackStageModel::RetainedBytes(int chunk, Recompute mode,
@@ -168,7 +181,20 @@ absl::Status CallbackStageModel::ForwardRetaining(int mb, int chunk, const void*
       RecomputeArgs(PO_OP_FORWARD, mb, chunk, /*saved=*/nullptr, retained, mode);
   args.input = input;
   args.output = output;
+  if (BackwardReadsRetained(chunk, mode, split_backward_)) {
+    read_in_place_[{mb, chunk}] = mode;
+  } else {
+    read_in_place_.erase({mb, chunk});
+  }
   return Call(callbacks_.forward_retaining, args, "forward_retaining");
+}
+
+bool CallbackStageModel::BackwardReadsRetained(int chunk, Recompute mode,
+                                               bool split_backward) const {
+  if (callbacks_.backward_reads_retained == nullptr || mode == Recompute::kNone) return false;
+  return callbacks_.backward_reads_retained(callbacks_.user, stage_, chunk,
+                                            static_cast<std::int32_t>(mode),
+                                            split_backward ? 1 : 0) != 0;
 }
 
 absl::Status CallbackStageModel::RecomputeSaved(int mb, int chunk, const void* retained,

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -75,9 +76,14 @@ class CallbackStageModel final : public StageModel {
                                 void* retained, Recompute mode) override;
   absl::Status RecomputeSaved(int mb, int chunk, const void* retained, void* saved,
                               Recompute mode) override;
+  // The backward_reads_retained callback's answer (false without one). Its entries reach
+  // backward (and backward_weight) with the retained-block arguments (c_api.h).
+  bool BackwardReadsRetained(int chunk, Recompute mode, bool split_backward) const override;
 
  private:
   po_compute_args Args(std::int32_t kind, int mb, int chunk, void* saved) const;
+  // B / W of an entry read in place: the retained-block arguments (c_api.h).
+  void MarkReadInPlace(po_compute_args& args) const;
   // Args of a recompute call: the mode, the retained block and its size.
   po_compute_args RecomputeArgs(std::int32_t kind, int mb, int chunk, void* saved,
                                 const void* retained, Recompute mode) const;
@@ -91,6 +97,9 @@ class CallbackStageModel final : public StageModel {
   std::uint64_t stream_ = 0;
   std::vector<std::int64_t> saved_bytes_;  // [chunk], from Prepare
   bool split_backward_ = false;            // from Prepare: what retained_bytes is asked with
+  // (mb, chunk) -> mode of the entries forward_retaining wrote whose B reads the retained block,
+  // until the op that frees them (B, or W when split).
+  std::map<std::pair<int, int>, Recompute> read_in_place_;
 };
 
 // Calls `function(user, iteration, &error)` (po_iteration_fn) and returns its status, the

@@ -18,7 +18,10 @@ constexpr std::size_t kPipelineOptionsSizeV1 = 64;
 constexpr std::size_t kStageCallbacksSizeV1 = 56;
 // Fields appended since the first release start past its size (no implicit padding).
 static_assert(offsetof(po_stage_callbacks, retained_bytes) == kStageCallbacksSizeV1);
-static_assert(offsetof(po_stage_callbacks, recompute) + 8 == sizeof(po_stage_callbacks));
+static_assert(offsetof(po_stage_callbacks, recompute) + 8 ==
+              offsetof(po_stage_callbacks, backward_reads_retained));
+static_assert(offsetof(po_stage_callbacks, backward_reads_retained) + 8 ==
+              sizeof(po_stage_callbacks));
 static_assert(offsetof(po_iteration_stats, recompute_seconds) == kIterationStatsSizeV1);
 static_assert(offsetof(po_iteration_stats, recompute_seconds) + 8 == sizeof(po_iteration_stats));
 static_assert(offsetof(po_compute_args, recompute) == 72);  // the first release's sizeof
@@ -133,6 +136,11 @@ absl::StatusOr<po_stage_callbacks> ReadCallbacks(const po_stage_callbacks* table
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": set all of retained_bytes, forward_retaining and recompute, or none (",
         recompute_set, " of 3 are set)"));
+  }
+  if (callbacks.backward_reads_retained != nullptr && recompute_set == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": backward_reads_retained is set without the recompute callbacks (retained_bytes, "
+              "forward_retaining, recompute); it only says how B reads what they keep"));
   }
   if (callbacks.boundary_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ".boundary_bytes must be > 0 (got ",

@@ -138,6 +138,9 @@ SavedBytesFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,
 # retained_bytes(user, stage, chunk, mode, split_backward)
 RetainedBytesFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,
                                    ctypes.c_int32, ctypes.c_int32, ctypes.c_int32)
+# backward_reads_retained(user, stage, chunk, mode, split_backward)
+BackwardReadsRetainedFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32,
+                                           ctypes.c_int32, ctypes.c_int32, ctypes.c_int32)
 IterationFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
 
 
@@ -147,7 +150,8 @@ class StageCallbacks(ctypes.Structure):
                 ("saved_bytes", SavedBytesFn), ("forward", ComputeFn),
                 ("backward", ComputeFn), ("backward_weight", ComputeFn),
                 ("retained_bytes", RetainedBytesFn), ("forward_retaining", ComputeFn),
-                ("recompute", ComputeFn)]
+                ("recompute", ComputeFn),
+                ("backward_reads_retained", BackwardReadsRetainedFn)]
 
 
 class PipelineOptions(ctypes.Structure):

@@ -44,7 +44,8 @@ class Call:
     on the CPU backend, the cudaStream_t on CUDA); recompute ("none", or in forward_retaining
     and recompute the entry's mode, "lean" or "full"), retained (forward_retaining: where F
     writes the retained block; recompute: that block, to rebuild `saved` from; else None),
-    retained_bytes."""
+    retained_bytes. B (and W) of an entry the model reads in place (backward_reads_retained)
+    get recompute = its mode and retained = saved = the retained block."""
 
     __slots__ = ("kind", "stage", "mb", "chunk", "with_weight_grad", "input", "output", "saved",
                  "boundary_bytes", "saved_bytes", "stream", "recompute", "retained",
@@ -181,6 +182,16 @@ class _CallbackRunner(_native.OwnedHandle):
                 return -1  # not offered: open then names the stage, chunk and mode
         return _native.RetainedBytesFn(retained_bytes)
 
+    def _backward_reads_retained(self, model):
+        def backward_reads_retained(user, stage, chunk, mode, split_backward):
+            try:
+                return int(bool(model.backward_reads_retained(chunk, _MODE_NAMES[mode],
+                                                              bool(split_backward))))
+            except BaseException as exception:  # noqa: B036
+                self._remember(exception)
+                return 0  # rebuilt as usual; the exception is raised once open returns
+        return _native.BackwardReadsRetainedFn(backward_reads_retained)
+
     def _fill(self, table, model):
         _native.lib.po_stage_callbacks_init(ctypes.byref(table))
         table.boundary_bytes = int(getattr(model, "boundary_bytes", 0))
@@ -190,6 +201,9 @@ class _CallbackRunner(_native.OwnedHandle):
         if hasattr(model, "retained_bytes"):
             table.retained_bytes = self._retained_bytes(model)
             self._keep.append(table.retained_bytes)
+        if hasattr(model, "backward_reads_retained"):
+            table.backward_reads_retained = self._backward_reads_retained(model)
+            self._keep.append(table.backward_reads_retained)
         for field in ("forward", "backward", "backward_weight", "forward_retaining",
                       "recompute"):
             method = getattr(model, field, None)
@@ -240,7 +254,11 @@ class LocalPipeline(_CallbackRunner):
     `retained_bytes(chunk, mode, split_backward)` (int > 0 that F keeps of an entry recomputed
     with mode "lean" or "full", or None / -1: not offered), `forward_retaining(call)` (F of
     such an entry: the same output, writes only call.retained) and `recompute(call)` (rebuilds
-    call.saved exactly as forward would have written it, from call.retained, before B). Give the schedule as compile()'s keywords (stages,
+    call.saved exactly as forward would have written it, from call.retained, before B). It may
+    also have `backward_reads_retained(chunk, mode, split_backward)` (true: B reads that mode's
+    retained block itself, so no recompute() comes for it, B gets call.recompute = the mode and
+    call.saved = call.retained = the block, and the planner counts the entry at its retained
+    size until B). Give the schedule as compile()'s keywords (stages,
     microbatches, chunks, family, offload, ...; compiled under nominal costs and the models'
     exact sizes), or as `schedule` (a Schedule) or `schedule_file` (JSON). `backend`: "cpu" or
     "cuda" (a library built with CUDA; device `cuda_device`). `wait_timeout_seconds` bounds every

@@ -22,12 +22,16 @@ typedef struct Rig {
   Results results;
 } Rig;
 
+/* Nonzero: InitRig's toys read their lean blocks in place (Toy::backward_reads_lean). */
+static int32_t ToysReadLean = 0;
+
 static void InitRig(Rig* rig, int32_t p, int32_t v, int32_t split, int32_t backend) {
   int32_t d;
   memset(rig, 0, sizeof(*rig));
   for (d = 0; d < p; ++d) {
     ToyInit(&rig->toys[d], d, p, v, split, &rig->results);
     rig->toys[d].device_buffers = backend == PO_BACKEND_CUDA;
+    rig->toys[d].backward_reads_lean = ToysReadLean;
     ToyCallbacks(&rig->toys[d], &rig->callbacks[d]);
   }
 }
@@ -96,7 +100,11 @@ static RunSummary CheckRunOf(const po_spec* spec, const po_schedule* given, int3
   for (d = 0; d < p && predictions != NULL; ++d) {
     po_stage_prediction predicted;
     int32_t it;
+    const int64_t leans_before = summary.lean_ops;
     const int64_t recomputes = CountRecompute(schedule, d, &summary);
+    /* A lean entry read in place gets no recompute call (unsplit only: the toy's answer). */
+    const int64_t silent =
+        ToysReadLean && !spec->split_backward ? summary.lean_ops - leans_before : 0;
     predicted.struct_size = sizeof(predicted);
     EXPECT_OK(po_predictions_stage(predictions, d, &predicted));
     for (it = 0; it < 2; ++it) {
@@ -113,10 +121,11 @@ static RunSummary CheckRunOf(const po_spec* spec, const po_schedule* given, int3
     }
     summary.offloaded_bytes += predicted.offloaded_bytes;
     summary.peak_bytes[d] = predicted.peak_bytes;
-    /* F and B of every (mb, chunk), W too when split, and each RECOMPUTE*, in each of 2
-     * iterations; a recomputed entry's F is its forward_retaining call. */
-    EXPECT(rig->toys[d].calls == 2 * (m * v * (spec->split_backward ? 3 : 2) + recomputes));
-    EXPECT(rig->toys[d].recompute_calls == 2 * 2 * recomputes);
+    /* F and B of every (mb, chunk), W too when split, and each RECOMPUTE* not read in place,
+     * in each of 2 iterations; a recomputed entry's F is its forward_retaining call. */
+    EXPECT(rig->toys[d].calls ==
+           2 * (m * v * (spec->split_backward ? 3 : 2) + recomputes - silent));
+    EXPECT(rig->toys[d].recompute_calls == 2 * (2 * recomputes - silent));
     EXPECT(backend != PO_BACKEND_CPU || rig->toys[d].streams_seen == 0);
     EXPECT(backend == PO_BACKEND_CPU || rig->toys[d].streams_seen != 0);
   }
@@ -291,6 +300,42 @@ static void ExpectOpenError(Rig* rig, int32_t p, const po_pipeline_options* opti
 #define EXPECT_OPEN_ERROR(rig, p, options, code, message) \
   ExpectOpenError((rig), (p), (options), (code), (message), __LINE__)
 
+/* Lean blocks B reads in place (backward_reads_retained): no recompute call for them, backward
+ * gets the retained-block arguments (the toy checks them), the results are the straight
+ * line's bit for bit and every stash peak the prediction (CheckRun), and the planner knows:
+ * stage 0's peak is lower than with the lean rebuild, and no stage's is higher. With W split the
+ * toy says no, and nothing changes. */
+static void TestRecomputeInPlace(void) {
+  const char* offloads[] = {"none", "po-f"};
+  int32_t i, d;
+  for (i = 0; i < 2; ++i) {
+    po_spec spec = ToySpec("1f1b", offloads[i], 4, 8, 1, 0);
+    po_spec interleaved = ToySpec("interleaved", offloads[i], 2, 4, 2, 0);
+    RunSummary rebuilt, read;
+    spec.recompute = "lean";
+    interleaved.recompute = "lean";
+    rebuilt = CheckRun(&spec, PO_BACKEND_CPU);
+    ToysReadLean = 1;
+    read = CheckRun(&spec, PO_BACKEND_CPU);
+    CheckRun(&interleaved, PO_BACKEND_CPU);
+    ToysReadLean = 0;
+    EXPECT(read.lean_ops == 4 * 8 && rebuilt.lean_ops == read.lean_ops);
+    EXPECT(read.peak_bytes[0] < rebuilt.peak_bytes[0]);
+    for (d = 0; d < 4; ++d) EXPECT(read.peak_bytes[d] <= rebuilt.peak_bytes[d]);
+  }
+  {
+    po_spec split = ToySpec("1f1b", "none", 2, 4, 1, 1);
+    RunSummary rebuilt, read;
+    split.recompute = "lean";
+    rebuilt = CheckRun(&split, PO_BACKEND_CPU);
+    ToysReadLean = 1;
+    read = CheckRun(&split, PO_BACKEND_CPU);
+    ToysReadLean = 0;
+    EXPECT(read.peak_bytes[0] == rebuilt.peak_bytes[0] &&
+           read.peak_bytes[1] == rebuilt.peak_bytes[1]);
+  }
+}
+
 /* Recompute the callbacks do not offer: open fails before anything runs, naming what is
  * missing; a table of the first release's size (no recompute fields) reads as not offering. */
 static void TestRecomputeRefused(void) {
@@ -315,6 +360,17 @@ static void TestRecomputeRefused(void) {
                     "recompute full: the cost model offers it for no entry of chunk 0 on stage "
                     "1 (retained_full_bytes is 0 there); give the retained bytes or choose "
                     "another mode");
+  ToysReadLean = 1;
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
+  ToysReadLean = 0;
+  rig.callbacks[0].retained_bytes = NULL;
+  rig.callbacks[0].forward_retaining = NULL;
+  rig.callbacks[0].recompute = NULL;
+  EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
+                    "po_pipeline_open: po_stage_callbacks[0]: backward_reads_retained is set "
+                    "without the recompute callbacks (retained_bytes, forward_retaining, "
+                    "recompute); it only says how B reads what they keep");
+  InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   spec.recompute = "half";
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_spec.recompute: unknown recompute mode \"half\"; "
@@ -401,7 +457,7 @@ static void TestBadOptions(void) {
   rig.callbacks[1].struct_size = 48;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
                     "po_pipeline_open: po_stage_callbacks[1].struct_size is 48 but [0]'s is "
-                    "80; every table of the array has the caller's sizeof");
+                    "88; every table of the array has the caller's sizeof");
   InitRig(&rig, 2, 1, 0, PO_BACKEND_CPU);
   rig.callbacks[1].forward = NULL;
   EXPECT_OPEN_ERROR(&rig, 2, &options, PO_ERROR_INVALID_ARGUMENT,
@@ -496,6 +552,7 @@ int main(int argc, char** argv) {
   } else {
     TestSchedules();
     TestRecompute();
+    TestRecomputeInPlace();
     TestRecomputeRefused();
     TestCallbackFailures();
     TestBadOptions();

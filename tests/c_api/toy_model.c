@@ -136,19 +136,21 @@ static po_status Recompute(void* user, const po_compute_args* args, po_callback_
   return MaybeFail(toy, args, error);
 }
 
-/* dy of (mb, l): the gradient received, or on the last virtual stage the loss residual g. */
-static float OutputGrad(const po_compute_args* args, int32_t i) {
+/* dy of (mb, l): the gradient received, or on the last virtual stage the loss residual g (of
+ * a lean block, rebuilt here as F computed it). */
+static float OutputGrad(const po_compute_args* args, int32_t lean, int32_t i) {
   if (args->input != NULL) return ((const float*)args->input)[i];
+  if (lean) return ((const float*)args->saved)[kY + i] - Target(i);
   return ((const float*)args->saved)[kG + i];
 }
 
-/* Whether y and g of the entry are, bitwise, what F computed from its x. */
-static int32_t EntryIntact(const float* entry, int32_t l) {
+/* Whether y and g of the entry (of a lean block: y) are, bitwise, what F computed from its x. */
+static int32_t EntryIntact(const float* entry, int32_t l, int32_t lean) {
   int32_t i;
   for (i = 0; i < kWidth; ++i) {
     const float y = Weight(l, i) * entry[kX + i];
     if (memcmp(&y, entry + kY + i, sizeof(y)) != 0) return 0;
-    {
+    if (!lean) {
       const float g = y - Target(i);
       if (memcmp(&g, entry + kG + i, sizeof(g)) != 0) return 0;
     }
@@ -165,20 +167,26 @@ static po_status Backward(void* user, const po_compute_args* args, po_callback_e
   Toy* toy = (Toy*)user;
   const int32_t l = Virtual(toy, args->chunk);
   float* saved = (float*)args->saved;
+  /* A lean block read in place comes with the retained-block arguments (c_api.h). */
+  const int32_t lean = args->recompute == PO_RECOMPUTE_LEAN;
   float dy[kWidth];
   int32_t i;
   ++toy->calls;
   if (args->kind != PO_OP_BACKWARD || args->with_weight_grad != !toy->split ||
-      (args->input == NULL) != (l == LastVirtual(toy)) || (args->output == NULL) != (l == 0)) {
+      (args->input == NULL) != (l == LastVirtual(toy)) || (args->output == NULL) != (l == 0) ||
+      (lean ? !toy->backward_reads_lean || args->retained != args->saved ||
+                  args->retained_bytes != RetainedBytes(user, toy->stage, args->chunk,
+                                                        PO_RECOMPUTE_LEAN, toy->split)
+            : args->recompute != PO_RECOMPUTE_NONE || args->retained != NULL)) {
     po_callback_error_set(error, "toy: backward got arguments against the contract");
     return PO_ERROR_INTERNAL;
   }
   if (toy->device_buffers) return MaybeFail(toy, args, error);
-  if (!EntryIntact(saved, l)) {
+  if (!EntryIntact(saved, l, lean)) {
     po_callback_error_set(error, "toy: backward found a stash entry unlike the one F wrote");
     return PO_ERROR_INTERNAL;
   }
-  for (i = 0; i < kWidth; ++i) dy[i] = OutputGrad(args, i);
+  for (i = 0; i < kWidth; ++i) dy[i] = OutputGrad(args, lean, i);
   for (i = 0; i < kWidth; ++i) {
     const float dx = Weight(l, i) * dy[i];
     if (args->output != NULL) {
@@ -207,6 +215,14 @@ static po_status BackwardWeight(void* user, const po_compute_args* args,
   if (toy->device_buffers) return MaybeFail(toy, args, error);
   WeightGrad(toy, Virtual(toy, args->chunk), args->mb, saved + kX, saved + kDy);
   return MaybeFail(toy, args, error);
+}
+
+/* Lean blocks only, unsplit: with W split, B writes dy where a lean block has no room. */
+static int32_t BackwardReadsRetained(void* user, int32_t stage, int32_t chunk, int32_t mode,
+                                     int32_t split) {
+  (void)stage;
+  (void)chunk;
+  return ((const Toy*)user)->backward_reads_lean && mode == PO_RECOMPUTE_LEAN && !split;
 }
 
 /* The same model as one straight line: forward through every virtual stage, then backward. */
@@ -265,4 +281,5 @@ void ToyCallbacks(Toy* toy, po_stage_callbacks* callbacks) {
   callbacks->retained_bytes = RetainedBytes;
   callbacks->forward_retaining = ForwardRetaining;
   callbacks->recompute = Recompute;
+  if (toy->backward_reads_lean) callbacks->backward_reads_retained = BackwardReadsRetained;
 }

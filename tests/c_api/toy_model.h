@@ -35,11 +35,15 @@ typedef struct Toy {
   /* Nonzero: the buffers are device memory (PO_BACKEND_CUDA), which C code on the host must
    * not touch: the callbacks then check their arguments and count, and compute nothing. */
   int32_t device_buffers;
+  /* Nonzero: B reads lean blocks as they are (backward_reads_retained, unsplit only): its
+   * rebuild of g moves into backward, and no recompute callback comes for lean entries. */
+  int32_t backward_reads_lean;
 } Toy;
 
 /* Sets up stage `stage` of p stages with v chunks each (`split`: W is separate), writing into
  * `results`, failing nothing; and its callback table (user = toy). */
 void ToyInit(Toy* toy, int32_t stage, int32_t p, int32_t v, int32_t split, Results* results);
+/* Sets backward_reads_retained only when toy->backward_reads_lean (set it before). */
 void ToyCallbacks(Toy* toy, po_stage_callbacks* callbacks);
 
 /* The straight-line computation of `num_virtual` virtual stages and m microbatches. */

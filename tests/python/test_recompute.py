@@ -9,7 +9,7 @@ import pytest
 import pipeoffload as po
 from pipeoffload.torch import PipelinePlan, PlanError
 from pipeoffload.torch import plan as torch_plan
-from test_stage import RecomputingToy, reference, toys
+from test_stage import WIDTH, RecomputingToy, Toy, reference, toys
 
 
 def kinds(schedule):
@@ -104,6 +104,19 @@ def test_torch_plan_refuses_a_recompute_out_of_place():
                                       po.Op("B", 0, 0, -1)]])
 
 
+def train_bitwise(spec, cls):
+    """Two iterations of `spec` on models of `cls`, whose results must be the straight line's;
+    returns the models, the stats and the schedule."""
+    p, v, m = spec["stages"], spec.get("chunks", 1), spec["microbatches"]
+    results = {}
+    models = toys(p, v, results, cls)
+    with po.LocalPipeline(models, **spec) as pipeline:
+        stats = pipeline.run(iterations=2)
+        schedule = pipeline.schedule
+    assert results == reference(p * v, m)
+    return models, stats, schedule
+
+
 @pytest.mark.parametrize("spec", [
     dict(stages=4, microbatches=8, recompute="full"),
     dict(stages=4, microbatches=8, recompute="lean", split_backward=True),
@@ -111,13 +124,8 @@ def test_torch_plan_refuses_a_recompute_out_of_place():
          recompute_chunks=1),
 ], ids=["full", "lean-split", "interleaved-chunk0"])
 def test_models_that_recompute_train_bitwise_with_predicted_peaks(spec):
-    p, v, m = spec["stages"], spec.get("chunks", 1), spec["microbatches"]
-    results = {}
-    models = toys(p, v, results, RecomputingToy)
-    with po.LocalPipeline(models, **spec) as pipeline:
-        stats = pipeline.run(iterations=2)
-        schedule = pipeline.schedule
-    assert results == reference(p * v, m)
+    p, v = spec["stages"], spec.get("chunks", 1)
+    models, stats, schedule = train_bitwise(spec, RecomputingToy)
     plain_spec = {k: val for k, val in spec.items() if not k.startswith("recompute")}
     with po.LocalPipeline(toys(p, v, {}, RecomputingToy), **plain_spec) as pipeline:
         plain = pipeline.schedule.predictions
@@ -129,6 +137,43 @@ def test_models_that_recompute_train_bitwise_with_predicted_peaks(spec):
         recomputes = sum(op.kind.startswith("RECOMPUTE") for op in schedule.ops(d))
         assert sum(c[0].startswith("RECOMPUTE") for c in models[d].calls) == 2 * recomputes
     assert schedule.predictions.stages[0].peak_bytes < plain.stages[0].peak_bytes
+
+
+class InPlaceToy(RecomputingToy):
+    """RecomputingToy whose B reads a lean block as it is (unsplit): no recompute() for it, and
+    B checks the half of the padding the block keeps."""
+
+    def backward_reads_retained(self, chunk, mode, split_backward):
+        return mode == "lean" and not split_backward
+
+    def backward(self, call):
+        if call.recompute != "lean":
+            return super().backward(call)
+        assert call.saved == call.retained and call.with_weight_grad
+        assert call.retained_bytes == self.retained_bytes(call.chunk, "lean", False)
+        kept = call.retained_array()
+        wrong = [k for k in range(self.PAD // 2) if kept[WIDTH + k] != self._pad(kept, k)]
+        assert not wrong, f"lean block (mb {call.mb}, chunk {call.chunk}) differs at {wrong}"
+        Toy.backward(self, call)  # the plain B: x is where it always is
+
+
+@pytest.mark.parametrize("spec", [
+    dict(stages=4, microbatches=8, recompute="lean"),
+    dict(stages=4, microbatches=8, recompute="lean", offload="po-f"),
+    dict(family="interleaved", stages=2, microbatches=4, chunks=2, recompute="lean"),
+], ids=["1f1b", "po-f", "interleaved"])
+def test_lean_blocks_read_in_place_train_bitwise_with_lower_predicted_peaks(spec):
+    p, v = spec["stages"], spec.get("chunks", 1)
+    models, stats, schedule = train_bitwise(spec, InPlaceToy)
+    with po.LocalPipeline(toys(p, v, {}, RecomputingToy), **spec) as pipeline:
+        rebuilt = pipeline.schedule.predictions
+    for d in range(p):
+        predicted = schedule.predictions.stages[d]
+        for iteration in stats:
+            assert iteration[d].stash_high_water_bytes == predicted.peak_bytes
+        assert not any(c[0].startswith("RECOMPUTE") for c in models[d].calls)
+        assert predicted.peak_bytes <= rebuilt.stages[d].peak_bytes
+    assert schedule.predictions.stages[0].peak_bytes < rebuilt.stages[0].peak_bytes
 
 
 def test_a_model_without_recompute_is_refused_naming_the_mode():
