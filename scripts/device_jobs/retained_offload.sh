@@ -14,8 +14,9 @@
 #     torch_peer.py none and full_recompute in the same call (RETAINED_TORCH=0 skips it), so the
 #     bars are read on one card. RETAINED_FRACTIONS="0.3 0.35" / RETAINED_GBS="0.8 0.9" add
 #     auto alone at those budgets.
-# Same 16 layers as the Pareto table: 4 stages on the GPU, group-interleaved v = 4 x 1 layer,
-# seq 2048, m = 16; 3 timed steps at h = 4096, 2 at 8192, one warm-up. A run that would start
+# Same 16 layers as the Pareto table: 4 stages on the GPU, group-interleaved v = 4 x 1 layer
+# (RETAINED_V="4 2" runs the cut and mix rows at each v, with 4 / v layers per chunk: auto is
+# held to the rigs' v, and the one-layer order costs time of its own), seq 2048, m = 16; 3 timed steps at h = 4096, 2 at 8192, one warm-up. A run that would start
 # past JOB_DEADLINE_S is skipped (job_lib.sh).
 set -uo pipefail
 source scripts/device_jobs/job_lib.sh
@@ -32,24 +33,29 @@ po_find_cublas "$BUILD/bench/cuda/pipeline_bench"
 bench=$BUILD/bench/cuda/pipeline_bench
 export RUN_GREP="pipeline_bench: h=|mean step|auto: chose|\| (1f1b|po-f|recompute|auto|torch) |error|FAILED"
 common=(--model=gpt --seq=2048 --stages=4 --microbatches=16 --family=group-interleaved
-        --chunks=4 --layers-per-chunk=1 --warmup=1 --wait-timeout=30 --out="$LOG/ours.md"
-        --json="$LOG/ours.jsonl")
+        --warmup=1 --wait-timeout=30 --out="$LOG/ours.md" --json="$LOG/ours.jsonl")
 for h in ${RETAINED_WIDTHS:-4096}; do
   # Per width: timed steps, the cut's budget fraction, torch full recompute's activations (GB).
   steps=2 fraction=0.15 torch_gb=1.68 limit=200
   [[ $h == 4096 ]] && steps=3 fraction=0.25 torch_gb=0.71 limit=120
-  run "cut_h$h" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
-    --policies="${RETAINED_CUT:-1f1b,po-f,recompute-lean+po-f,auto}" --budget-fraction="$fraction"
-  run "mix_h$h" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
-    --policies="${RETAINED_MIX:-auto}" --budget-gb="$torch_gb"
+  for v in ${RETAINED_V:-4}; do
+    layout=(--chunks="$v" --layers-per-chunk=$((4 / v)))
+    tag=$h; [[ $v == 4 ]] || tag="${h}_v$v"
+    run "cut_h$tag" "$limit" "$bench" "${common[@]}" "${layout[@]}" --hidden="$h" \
+      --steps="$steps" --policies="${RETAINED_CUT:-1f1b,po-f,recompute-lean+po-f,auto}" \
+      --budget-fraction="$fraction"
+    run "mix_h$tag" "$limit" "$bench" "${common[@]}" "${layout[@]}" --hidden="$h" \
+      --steps="$steps" --policies="${RETAINED_MIX:-auto}" --budget-gb="$torch_gb"
+  done
+  layout=(--chunks=4 --layers-per-chunk=1)
   # More budget points for auto alone (the planner's budget is the logical stash; where B reads
   # lean blocks in place the device holds less, so a looser budget may still land under a bar).
   for extra in ${RETAINED_FRACTIONS:-}; do
-    run "cut_h${h}_$extra" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
+    run "cut_h${h}_$extra" "$limit" "$bench" "${common[@]}" "${layout[@]}" --hidden="$h" --steps="$steps" \
       --policies=auto --budget-fraction="$extra"
   done
   for extra in ${RETAINED_GBS:-}; do
-    run "mix_h${h}_$extra" "$limit" "$bench" "${common[@]}" --hidden="$h" --steps="$steps" \
+    run "mix_h${h}_$extra" "$limit" "$bench" "${common[@]}" "${layout[@]}" --hidden="$h" --steps="$steps" \
       --policies=auto --budget-gb="$extra"
   done
   [[ ${RETAINED_TORCH:-1} == 1 ]] && run "torch_h$h" 120 python3 scripts/torch_peer.py --configs="$h:16" --seq=2048 \
