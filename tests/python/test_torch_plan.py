@@ -159,3 +159,20 @@ def test_offload_leaves_the_one_process_compute_order_alone(unit, family, chunks
         return [(a.stage, a.kind, a.mb, a.chunk) for a in plan.single_process_order()
                 if a.kind in ("F", "B", "W")]
     assert compute_order(offload) == compute_order("none")
+
+
+@pytest.mark.parametrize("family,chunks,split", [("1f1b", 1, False),
+                                                 ("group-interleaved", 2, True)])
+@pytest.mark.parametrize("offload", ["none", "po-f"])
+def test_recompute_full_leaves_the_one_process_compute_order_alone(unit, family, chunks, split,
+                                                                   offload):
+    # Why PipelineRunner's recomputing run can be bitwise equal to the plan without recompute:
+    # the same F / B / W in the same order (RECOMPUTE ops sit between them, po-f's hoisted
+    # before the RECV_B they overlap).
+    def compute_order(policy, recompute):
+        plan = plan_of(po.compile(family=family, stages=4, microbatches=8, chunks=chunks,
+                                  split_backward=split, offload=policy, recompute=recompute,
+                                  costs=unit))
+        return [(a.stage, a.kind, a.mb, a.chunk) for a in plan.single_process_order()
+                if a.kind in ("F", "B", "W")]
+    assert compute_order(offload, "full") == compute_order("none", "none")

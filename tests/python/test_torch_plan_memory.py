@@ -291,3 +291,48 @@ def test_dense_span():
     assert dense_span((), ()) == 1                  # a scalar
     with pytest.raises(ValueError, match="2 sizes but 1 strides"):
         dense_span((1, 2), (1,))
+
+
+# PipelineRunner's accounting of recompute "full" (runner.py): F keeps the chunk's input, which
+# the runner holds for every entry (it is in no entry's bytes), so the retained block weighs 0.
+def runner_replay(schedule, sizes):
+    plan = PipelinePlan.from_schedule(schedule)
+    retained = {a.key: 0 for program in plan.programs for a in program
+                if a.kind == "RECOMPUTE"}
+    assert len(retained) == plan.num_stages * plan.num_microbatches
+    return (replay(plan, entry_sizes=sizes, retained_sizes=retained),
+            peak_without_offload(plan, sizes, retained_sizes=retained))
+
+
+def test_runner_replay_of_recompute_full(unit):
+    sizes = {(d, 0, mb): (100, 400, 400) for d in range(4) for mb in range(8)}
+    kept = replay(PipelinePlan.from_schedule(po.compile(stages=4, microbatches=8, costs=unit)),
+                  entry_sizes=sizes)
+    alone, alone_without = runner_replay(
+        po.compile(stages=4, microbatches=8, recompute="full", costs=unit), sizes)
+    # Each RECOMPUTE comes right after the RECV_B of its B: one rebuilt entry at a time.
+    assert (kept.device_total.peak_bytes, alone.device_total.peak_bytes) == (10 * 900, 900)
+    assert alone_without.device_total.peak_bytes == 900
+    # po-f beside it offloads retained blocks (0 bytes: nothing moves, no pinned buffer) and
+    # hoists each RECOMPUTE before its RECV_B: every stage may hold a rebuilt entry at once.
+    both, both_without = runner_replay(
+        po.compile(stages=4, microbatches=8, recompute="full", offload="po-f", costs=unit),
+        sizes)
+    assert both.host_total.peak_units > 0
+    assert (both.host_total.peak_bytes, both.host_buffers_peak) == (0, {})
+    assert both.device_total.peak_bytes == both_without.device_total.peak_bytes == 4 * 900
+
+
+def test_ledger_walks_a_recomputed_entry_with_an_empty_retained_block():
+    # What ActivationOffloader's ledger does for an entry whose 0-byte block the plan offloads.
+    key = (0, 0, 0)
+    ledger = StashLedger(split_backward=False, entry_bytes=lambda k: 10,
+                         recomputed={key: "RECOMPUTE"}, retained_bytes=lambda k: 0)
+    bytes_after = []
+    for kind in ("F", "OFFLOAD", "RELEASE", "RELOAD", "RECOMPUTE", "B"):
+        ledger.apply(kind, key)
+        bytes_after.append((ledger.device[0].bytes, ledger.host[0].bytes))
+    assert bytes_after == [(0, 0), (0, 0), (0, 0), (0, 0), (10, 0), (0, 0)]
+    assert (ledger.device[0].peak_units, ledger.host[0].peak_units) == (1, 1)
+    assert ledger.device[0].peak_bytes == 10
+    ledger.finish()

@@ -4,9 +4,12 @@ with our schedules, with and without offload. Run by run_torch_tests.py (or pyte
 What is asserted, exactly: losses and parameters after every step torch.equal with and without
 offload (po-h, po-f; 1f1b and group-interleaved with split backward); the no-offload pipeline
 torch.equal to a plain loop over the microbatches; pinned buffers allocated = the replay's
-prediction, every later step reusing them; bad input refused with a message. With a tolerance:
-the activation peak falls by the predicted stash reduction within 10% of the no-offload stash
-peak (kernel transients and the stage boundaries are in the measurement, not the prediction)."""
+prediction, every later step reusing them; bad input refused with a message. Plans compiled
+with recompute "full" (1f1b, group-interleaved with split backward, po-f beside it, offload off,
+stages with dropout) torch.equal to the no-recompute plan of the same compute order; plans with
+RECOMPUTE_LEAN refused naming the first op. With a tolerance: the activation peak falls by the
+predicted stash reduction within 10% of the no-offload stash peak (kernel transients and the
+stage boundaries are in the measurement, not the prediction), for offload and for recompute."""
 import os
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts
@@ -22,14 +25,16 @@ HIDDEN, TOKENS, BLOCKS, MICROBATCHES, STEPS = 256, 512, 2, 8, 3
 UNIT = po.Costs.unit(0.25)
 
 
-def compile_plan(offload, family="1f1b", chunks=1, split=False):
+def compile_plan(offload, family="1f1b", chunks=1, split=False, recompute="none",
+                 fraction=1.0):
     return po.compile(family=family, stages=4, microbatches=MICROBATCHES, chunks=chunks,
-                      offload=offload, split_backward=split, costs=UNIT)
+                      offload=offload, split_backward=split, recompute=recompute,
+                      recompute_fraction=fraction, costs=UNIT)
 
 
-def run(schedule, *, offload=True, sync_release=False, steps=STEPS, chunks=1):
+def run(schedule, *, offload=True, sync_release=False, steps=STEPS, chunks=1, dropout=0.0):
     """Trains fresh, identically seeded stages; returns (losses, params per step, runner)."""
-    stages = toy.make_stages(4 * chunks, HIDDEN, BLOCKS, DEVICE)
+    stages = toy.make_stages(4 * chunks, HIDDEN, BLOCKS, DEVICE, dropout=dropout)
     inputs, targets = toy.make_data(MICROBATCHES, TOKENS, HIDDEN, DEVICE)
     runner = pot.PipelineRunner(stages, schedule, toy.mse_loss(MICROBATCHES), offload=offload,
                                 sync_release=sync_release)
@@ -138,3 +143,104 @@ def test_bad_input_is_refused_with_a_message():
         assert "the plan has 8 microbatches; got 2 inputs" in str(e), str(e)
     else:
         raise AssertionError("2 microbatches for a plan of 8 were accepted")
+
+
+# --- recompute ------------------------------------------------------------------------------
+
+
+def compute_order(plan):
+    return [(a.stage, a.kind, a.mb, a.chunk) for a in plan.single_process_order()
+            if a.kind in ("F", "B", "W")]
+
+
+def check_recompute_is_exact(offload="none", *, runner_offload=True, dropout=0.0, fraction=1.0,
+                             **spec):
+    """Recompute "full" (of `fraction` of the entries) trains torch.equal to the no-recompute,
+    no-offload plan of the same compute order; returns the recomputing runner."""
+    chunks = spec.get("chunks", 1)
+    base_plan = compile_plan("none", **spec)
+    plan = compile_plan(offload, recompute="full", fraction=fraction, **spec)
+    base_losses, base_params, base = run(base_plan, offload=False, chunks=chunks,
+                                         dropout=dropout)
+    losses, params, runner = run(plan, offload=runner_offload, chunks=chunks, dropout=dropout)
+    what = f"recompute full, {offload}, offload={runner_offload}, dropout {dropout}, {spec}"
+    assert compute_order(runner.plan) == compute_order(base.plan), f"{what}: another order"
+    assert len(runner.recomputed) == int(fraction * 4 * chunks * MICROBATCHES), (
+        f"{what}: {len(runner.recomputed)} entries recomputed")
+    assert_bitwise(base_losses, losses, f"{what} losses")
+    assert_bitwise(base_params, params, f"{what} parameters")
+    return runner
+
+
+def test_recompute_full_1f1b_trains_bitwise_equal_to_no_recompute():
+    check_recompute_is_exact()
+
+
+def test_recompute_full_group_interleaved_split_backward_is_exact():
+    check_recompute_is_exact(family="group-interleaved", chunks=2, split=True)
+
+
+def test_recompute_full_with_po_f_is_exact_with_and_without_offload():
+    runner = check_recompute_is_exact("po-f")
+    moved = [a for a in runner.plan.offloaded_entries() if a in runner.recomputed]
+    assert moved, "po-f offloads no retained block of a recomputed entry"
+    # The retained blocks (the inputs, held anyway) move nothing: no pinned buffer for them.
+    report = runner.memory_report()
+    assert report.host_buffers_allocated == report.host_buffers_predicted, report
+    # The same plan with its offload ops skipped.
+    check_recompute_is_exact("po-f", runner_offload=False)
+
+
+def test_half_recompute_beside_po_f_offloads_the_rest_exactly():
+    # Whole entries offloaded beside recomputed ones (whose retained blocks move nothing).
+    runner = check_recompute_is_exact("po-f", fraction=0.5)
+    whole = [k for k in runner.plan.offloaded_entries() if k not in runner.recomputed]
+    assert whole, "po-f offloads no whole entry beside the recomputed ones"
+    report = runner.memory_report()
+    assert report.host_buffers_allocated == report.host_buffers_predicted, report
+    assert report.host_buffers_predicted, report
+
+
+def test_recompute_with_dropout_draws_the_same_bits():
+    runner = check_recompute_is_exact(dropout=0.1)
+    assert any(isinstance(m, torch.nn.Dropout) for s in runner.stages for m in s.modules())
+    # Dropout really draws: the same stages without it train to other losses.
+    with_dropout, _, _ = run(compile_plan("none"), offload=False, dropout=0.1, steps=1)
+    without, _, _ = run(compile_plan("none"), offload=False, steps=1)
+    assert not torch.equal(with_dropout[0][0], without[0][0])
+
+
+def test_recompute_lowers_the_activation_peak_as_predicted():
+    # Two steps each: the first creates .grad and cuBLAS workspaces, the second is measured.
+    _, _, none = run(compile_plan("none"), offload=False, sync_release=True, steps=2)
+    _, _, full = run(compile_plan("none", recompute="full"), sync_release=True, steps=2)
+    a, b = none.memory_report(), full.memory_report()
+    print(f"no recompute:   {a}\nrecompute full: {b}")
+    predicted = a.predicted_stash_peak_bytes - b.predicted_stash_peak_bytes
+    measured = a.measured_peak_bytes - b.measured_peak_bytes
+    assert predicted > 0, f"recompute full predicts no saving: {predicted} B"
+    assert b.measured_peak_bytes < a.measured_peak_bytes, (a.measured_peak_bytes,
+                                                           b.measured_peak_bytes)
+    # Beside the prediction: a rebuilt non-last stage's output (T, h) per stage, and the
+    # no_grad forward's transients (within the same tolerance as offload's).
+    tolerance = 0.10 * a.predicted_stash_peak_bytes
+    assert abs(measured - predicted) <= tolerance, (
+        f"activation peak fell by {measured / 2**20:.1f} MiB, predicted "
+        f"{predicted / 2**20:.1f} MiB (tolerance {tolerance / 2**20:.1f} MiB)")
+    # No offload op in the plan: offload on or off predicts the same.
+    assert b.predicted_stash_peak_bytes == b.predicted_stash_peak_without_offload_bytes
+
+
+def test_recompute_lean_is_refused_naming_the_first_op():
+    schedule = compile_plan("none", recompute="lean")
+    first = next(a for d in range(4) for a in pot.PipelinePlan.from_schedule(schedule).programs[d]
+                 if a.kind == "RECOMPUTE_LEAN")
+    try:
+        pot.PipelineRunner(toy.make_stages(4, HIDDEN, BLOCKS, DEVICE), schedule,
+                           toy.mse_loss(MICROBATCHES))
+    except pot.PlanError as e:
+        assert "cannot run RECOMPUTE_LEAN" in str(e), str(e)
+        assert f"first: stage {first.stage}, {first}" in str(e), str(e)
+        assert 'compile with recompute "full"' in str(e), str(e)
+    else:
+        raise AssertionError("a plan with RECOMPUTE_LEAN was accepted")

@@ -159,7 +159,7 @@ class Replay:
     device_total: Usage         # all stages of one process together
     host_total: Usage
     # Host buffers of each size in use at once, at most (a pool that reuses a buffer once its
-    # reload is done allocates exactly this many).
+    # reload is done allocates exactly this many; a retained block of 0 bytes takes none).
     host_buffers_peak: Dict[int, int]
 
 
@@ -184,8 +184,12 @@ def replay(plan, order=None, entry_sizes=None, retained_sizes=None) -> Replay:
     in_use = collections.Counter()
     buffers_peak = collections.Counter()
     def host_tensors(key, state):
-        # A retained block travels as one block of its bytes.
-        return (ledger.block_bytes(key, state),) if state in _RETAINED_STATES else tensors(key)
+        # A retained block travels as one block of its bytes; one of 0 bytes (a block the
+        # runtime holds anyway, as PipelineRunner holds a chunk's input) moves nothing.
+        if state in _RETAINED_STATES:
+            nbytes = ledger.block_bytes(key, state)
+            return (nbytes,) if nbytes else ()
+        return tensors(key)
 
     for action in (order if order is not None else plan.single_process_order()):
         if action.kind not in _MOVES:
@@ -212,9 +216,10 @@ def predicted_stage_peaks(plan) -> List[int]:
             for d in range(plan.num_stages)]
 
 
-def peak_without_offload(plan, entry_sizes=None, order: Optional[list] = None) -> Replay:
+def peak_without_offload(plan, entry_sizes=None, order: Optional[list] = None,
+                         retained_sizes=None) -> Replay:
     """replay() of the same plan with every OFFLOAD / RELEASE / RELOAD dropped: the memory the
-    same compute order needs without offload."""
+    same compute order needs without offload (recompute ops stay)."""
     ops = order if order is not None else plan.single_process_order()
     return replay(plan, [a for a in ops if a.kind not in ("OFFLOAD", "RELEASE", "RELOAD")],
-                  entry_sizes)
+                  entry_sizes, retained_sizes)

@@ -18,6 +18,12 @@ compute stream is captured once, in __init__, outside any stream context):
   B        the compute stream waits for h2d_event before the backward reads the tensors; the
            host buffers go back to the pool fenced by h2d_event, so the next D2H into them
            never overtakes this H2D.
+Recomputed entries (the plan's RECOMPUTE): F of such an entry runs without autograd and holds
+no tensors here (retain()); its retained block is the chunk's input, which the caller holds, so
+it has 0 bytes and OFFLOAD / RELEASE / RELOAD of it move nothing (the ledger still walks the
+entry through RETAINED_COPYING_OUT .. RETAINED_RELOADED, as replay() does with a retained size
+of 0). RECOMPUTE re-runs the forward inside capture(key, op="RECOMPUTE"): the saved tensors go
+into the entry from then on, and B / W treat it as any entry that was never offloaded.
 Tensors are never offloaded when they are parameters or buffers of the stages, a stage's input
 (held by the runner anyway), not on the GPU, or not laid out densely (expanded, gapped).
 """
@@ -27,7 +33,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .ledger import StashLedger
+from .ledger import RETAINED_COPYING_OUT, RETAINED_ON_HOST, RETAINED_RELOADED, StashLedger
 from .pinned_pool import PinnedPool, dense_span
 from .plan import PlanError
 
@@ -64,10 +70,12 @@ class ActivationOffloader:
 
     REQUIRES: built outside any torch.cuda.stream() context, on the thread that issues the
     steps (its current stream there is the compute stream). `excluded` are tensors never to
-    offload (the stages' parameters and buffers)."""
+    offload (the stages' parameters and buffers). `recomputed` maps the entries the plan
+    recomputes to their op (RECOMPUTE): their F goes through retain(), not capture()."""
 
     def __init__(self, device, split_backward: bool, excluded: Iterable[torch.Tensor] = (),
-                 sync_release: bool = False, min_bytes: int = 0):
+                 sync_release: bool = False, min_bytes: int = 0,
+                 recomputed: Optional[Dict[Key, str]] = None):
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"ActivationOffloader needs a CUDA device, got {self.device}")
@@ -80,23 +88,42 @@ class ActivationOffloader:
         self.pool = PinnedPool(
             lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
         self.split_backward = split_backward
+        self.recomputed: Dict[Key, str] = dict(recomputed or {})
         self.entry_sizes: Dict[Key, Tuple[int, ...]] = {}
         self.new_iteration()
 
     def new_iteration(self):
         """Forgets the last iteration's entries (finish() checked they were all freed)."""
         self._entries: Dict[Key, _Entry] = {}
+        # A recomputed entry's retained block is the chunk's input, held by the caller: 0 bytes.
         self.ledger = StashLedger(self.split_backward,
-                                  entry_bytes=lambda key: sum(self.entry_sizes.get(key, ())))
+                                  entry_bytes=lambda key: sum(self.entry_sizes.get(key, ())),
+                                  recomputed=self.recomputed, retained_bytes=lambda key: 0)
 
     # --- capture (F) -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def capture(self, key: Key, inputs: Iterable[torch.Tensor] = ()):
-        """Context for F of `key`: tensors autograd saves inside go into the entry, except
-        `inputs` (the stage's inputs) and the excluded ones."""
+    def retain(self, key: Key):
+        """F of an entry the plan recomputes, which the caller runs under torch.no_grad(): the
+        entry holds no tensors until its RECOMPUTE (the caller keeps the chunk's input)."""
         self.ledger.apply("F", key)
-        entry = self._entries[key] = _Entry()
+        self._entries[key] = _Entry()
+
+    @contextlib.contextmanager
+    def capture(self, key: Key, inputs: Iterable[torch.Tensor] = (), op: str = "F"):
+        """Context for F of `key` (op "F"), or for the forward that RECOMPUTE re-runs (op
+        "RECOMPUTE", after retain() and any offload ops of the retained block): tensors
+        autograd saves inside go into the entry, except `inputs` (the stage's inputs) and the
+        excluded ones."""
+        if op not in ("F", "RECOMPUTE"):
+            raise ValueError(f"ActivationOffloader.capture: op {op!r}; expected F or RECOMPUTE")
+        if op == "F" and key in self.recomputed:
+            raise ValueError(f"ActivationOffloader.capture: F of {key}, which the plan "
+                             "recomputes, goes through retain()")
+        self.ledger.apply(op, key)
+        if op == "F":
+            entry = self._entries[key] = _Entry()
+        else:
+            entry = self._entry(key, op)
         skip = self._excluded | {t.untyped_storage().data_ptr() for t in inputs}
 
         def pack(tensor):
@@ -141,7 +168,8 @@ class ActivationOffloader:
 
     def offload(self, key: Key):
         entry = self._entry(key, "OFFLOAD")
-        self.ledger.apply("OFFLOAD", key)
+        if self.ledger.apply("OFFLOAD", key) == RETAINED_COPYING_OUT:
+            return  # a retained block of 0 bytes: nothing to copy
         self.d2h_stream.wait_stream(self.compute_stream)
         with torch.cuda.stream(self.d2h_stream):
             for saved in entry.saved:
@@ -153,7 +181,8 @@ class ActivationOffloader:
 
     def release(self, key: Key):
         entry = self._entry(key, "RELEASE")
-        self.ledger.apply("RELEASE", key)
+        if self.ledger.apply("RELEASE", key) == RETAINED_ON_HOST:
+            return
         if self.sync_release:
             entry.d2h_event.synchronize()
         for saved in entry.saved:
@@ -163,7 +192,8 @@ class ActivationOffloader:
 
     def reload(self, key: Key):
         entry = self._entry(key, "RELOAD")
-        self.ledger.apply("RELOAD", key)
+        if self.ledger.apply("RELOAD", key) == RETAINED_RELOADED:
+            return
         # Allocated here, on the compute stream, which is the stream that will use and free them.
         for saved in entry.saved:
             saved.device = torch.empty_strided(saved.size, saved.stride, dtype=saved.dtype,

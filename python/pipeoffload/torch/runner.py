@@ -7,6 +7,19 @@ Op semantics (the executor's, runtime.h, on one device):
           entry's saved-tensor capture; the last virtual stage applies loss_fn.
   B       waits (on the GPU) for the entry's reload, then runs the full backward: from the loss
           on the last virtual stage, else from the output with the next stage's input gradient.
+  F of an entry the plan recomputes (RECOMPUTE) runs the module (and loss_fn on the last
+          virtual stage) under torch.no_grad(): nothing is saved, the output (and the loss) is
+          handed on as usual. The runner keeps the input (the target stays in the caller's
+          list) and the CPU and CUDA RNG states from before the forward, as
+          torch.utils.checkpoint does with preserve_rng_state.
+  RECOMPUTE re-runs that forward with grad enabled on the kept input, inside the entry's
+          saved-tensor capture, with the RNG states of F restored in a torch.random.fork_rng()
+          block (dropout draws the same bits; the global RNG is left as if nothing ran). From
+          then on the entry holds its saved tensors and B backpropagates through the rebuilt
+          graph. The retained block is the input the runner holds anyway, so the plan's
+          OFFLOAD / RELEASE / RELOAD of it move nothing (a retained size of 0 in the ledger).
+  RECOMPUTE_LEAN is refused: it rebuilds an entry from what a model declares its cheap parts'
+          inputs, and an nn.Module declares none (compile with recompute "full" or "none").
   W       (split-backward plans) runs no compute, since B already produced the weight
           gradients; it frees the entry, so memory follows the plan, not the zero-bubble timing.
   OFFLOAD / RELEASE / RELOAD go to the ActivationOffloader; SEND_* / RECV_* / BARRIER are
@@ -21,7 +34,7 @@ import torch
 
 from .ledger import peak_without_offload, replay
 from .offload import ActivationOffloader
-from .plan import RECOMPUTE_KINDS, PipelinePlan, PlanError
+from .plan import PipelinePlan, PlanError
 
 
 @dataclasses.dataclass
@@ -33,7 +46,9 @@ class MemoryReport:
         exist before the step are not in it; transients of the kernels and the stage
         boundaries are).
     predicted_stash_peak_bytes: the peak of the saved tensors resident at once when the plan's
-        ops run in the one-process order, each entry weighed with the bytes its capture saw.
+        ops run in the one-process order, each entry weighed with the bytes its capture saw
+        (a recomputed entry: 0 bytes from F to its RECOMPUTE, since the input it keeps is held
+        for every entry and is in no entry's bytes; then the bytes the recompute saved).
     predicted_stash_peak_without_offload_bytes: the same order with the offload ops dropped.
     compiler_stage_peak_units / compiler_stage_peak_units_without_offload: the compiler's
         per-stage peaks (entries), which ledger.replay() reproduces per stage.
@@ -56,13 +71,16 @@ class PipelineRunner:
     offload=False runs the same order with the offload ops skipped (the baseline with the same
     compute order, so its gradients must be bitwise those of the offloaded run).
     sync_release: see ActivationOffloader (True for exact memory measurements).
-    Raises ValueError for stages that do not fit the plan, PlanError for a plan that cannot run.
+    preserve_rng_state=False skips saving and restoring the RNG states around a recompute
+    (torch.utils.checkpoint's option of that name): only for stages that draw no random numbers.
+    Raises ValueError for stages that do not fit the plan, PlanError for a plan that cannot run
+    (RECOMPUTE_LEAN ops included).
     """
 
     def __init__(self, stages: Sequence[torch.nn.Module], schedule,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
                  offload: bool = True, sync_release: bool = False, min_offload_bytes: int = 0,
-                 device=None):
+                 preserve_rng_state: bool = True, device=None):
         self.plan = schedule if isinstance(schedule, PipelinePlan) else \
             PipelinePlan.from_schedule(schedule)
         if len(stages) != self.plan.num_virtual_stages:
@@ -70,13 +88,18 @@ class PipelineRunner:
                              f"{self.plan.num_virtual_stages} virtual stages "
                              f"({self.plan.num_stages} stages x {self.plan.chunks_per_stage} "
                              "chunks)")
-        recomputed = [a for program in self.plan.programs for a in program
-                      if a.kind in RECOMPUTE_KINDS]
-        if recomputed:
-            raise PlanError(f"PipelineRunner does not recompute yet: the plan has "
-                            f"{len(recomputed)} recompute ops (first: stage "
-                            f"{recomputed[0].stage}, {recomputed[0]}); compile without "
-                            "recompute for torch stages")
+        lean = [a for program in self.plan.programs for a in program
+                if a.kind == "RECOMPUTE_LEAN"]
+        if lean:
+            raise PlanError(f"PipelineRunner cannot run RECOMPUTE_LEAN (the plan has {len(lean)};"
+                            f" first: stage {lean[0].stage}, {lean[0]}): a lean recompute "
+                            "rebuilds an entry from the inputs of the model's cheap parts, and "
+                            "an nn.Module defines none; compile with recompute \"full\" (or "
+                            "\"none\") for torch stages")
+        # (stage, chunk, mb) -> "RECOMPUTE" for every entry whose F keeps only its input.
+        self.recomputed = {a.key: a.kind for program in self.plan.programs for a in program
+                           if a.kind == "RECOMPUTE"}
+        self.preserve_rng_state = preserve_rng_state
         self.stages = list(stages)
         tensors = [t for m in self.stages for t in list(m.parameters()) + list(m.buffers())]
         self.device = torch.device(device) if device is not None else (
@@ -85,12 +108,15 @@ class PipelineRunner:
         if self.device.type != "cuda" or wrong:
             raise ValueError(f"PipelineRunner: every stage must be on one CUDA device; got "
                              f"{self.device} and {sorted(set(map(str, wrong)))}")
+        self._rng_device = self.device.index if self.device.index is not None else \
+            torch.cuda.current_device()
         self.loss_fn = loss_fn
         self.offload_enabled = offload
         self.order = self.plan.single_process_order()
         self.offloader = ActivationOffloader(self.device, self.plan.split_backward,
                                              excluded=tensors, sync_release=sync_release,
-                                             min_bytes=min_offload_bytes)
+                                             min_bytes=min_offload_bytes,
+                                             recomputed=self.recomputed)
         self.last_report: Optional[MemoryReport] = None
         self._compiler_peaks = None
         if not isinstance(schedule, PipelinePlan) and schedule.predictions is not None:
@@ -125,6 +151,8 @@ class PipelineRunner:
         kind = action.kind
         if kind == "F":
             self._forward(action, state)
+        elif kind == "RECOMPUTE":
+            self._recompute(action, state)
         elif kind == "B":
             self.offloader.before_backward(key)
             self._backward(action, state)
@@ -144,17 +172,51 @@ class PipelineRunner:
                 raise PlanError(f"stage {action.stage}: {action} has no input from virtual "
                                 f"stage {l - 1}")
         last = l == self.plan.num_virtual_stages - 1
-        # The input and the target stay where the caller keeps them: offloading them would free
-        # nothing.
-        held = [x] + ([state.targets[mb]] if last and torch.is_tensor(state.targets[mb]) else [])
-        with self.offloader.capture(action.key, inputs=held):
-            out = self.stages[l](x)
-            if last:
-                out = self.loss_fn(out, state.targets[mb])
-                state.losses[mb] = out.detach()
-        if not last:
+        if action.key in self.recomputed:
+            # Nothing saved: RECOMPUTE rebuilds the graph from x with these RNG states.
+            rng = _RngState.now(self._rng_device) if self.preserve_rng_state else None
+            self.offloader.retain(action.key)
+            with torch.no_grad():
+                out = self._stage_forward(l, x, state, mb)
+            state.retained[(l, mb)] = (x, rng)
+        else:
+            # The input and the target stay where the caller keeps them: offloading them would
+            # free nothing.
+            with self.offloader.capture(action.key, inputs=self._held(l, x, state, mb)):
+                out = self._stage_forward(l, x, state, mb)
+            state.pending[(l, mb)] = (x, out)
+        if last:
+            state.losses[mb] = out.detach()
+        else:
             state.activations[(l + 1, mb)] = out.detach().requires_grad_(True)
+
+    def _recompute(self, action, state):
+        l, mb = action.virtual_stage, action.mb
+        kept = state.retained.pop((l, mb), None)
+        if kept is None:
+            raise PlanError(f"stage {action.stage}: {action} of an entry whose F did not keep "
+                            "its input (no F yet, or recomputed already)")
+        x, rng = kept
+        with torch.random.fork_rng(devices=[self._rng_device], enabled=rng is not None):
+            if rng is not None:
+                rng.restore(self._rng_device)
+            with torch.enable_grad(), self.offloader.capture(
+                    action.key, inputs=self._held(l, x, state, mb), op="RECOMPUTE"):
+                out = self._stage_forward(l, x, state, mb)
         state.pending[(l, mb)] = (x, out)
+
+    def _held(self, l, x, state, mb):
+        """Tensors of an entry the runner holds anyway: its input, and on the last virtual
+        stage its target."""
+        last = l == self.plan.num_virtual_stages - 1
+        return [x] + ([state.targets[mb]] if last and torch.is_tensor(state.targets[mb]) else [])
+
+    def _stage_forward(self, l, x, state, mb):
+        """Virtual stage l on x; the loss on the last virtual stage."""
+        out = self.stages[l](x)
+        if l == self.plan.num_virtual_stages - 1:
+            out = self.loss_fn(out, state.targets[mb])
+        return out
 
     def _backward(self, action, state):
         l, mb = action.virtual_stage, action.mb
@@ -172,10 +234,13 @@ class PipelineRunner:
 
     def _report(self, measured):
         sizes = self.offloader.entry_sizes
+        # A recomputed entry's retained block is its input, held for every entry: 0 bytes.
+        retained = {key: 0 for key in self.recomputed}
         with_offload = replay(self.plan, self.order if self.offload_enabled else
                               [a for a in self.order
-                               if a.kind not in ("OFFLOAD", "RELEASE", "RELOAD")], sizes)
-        without = peak_without_offload(self.plan, sizes, self.order)
+                               if a.kind not in ("OFFLOAD", "RELEASE", "RELOAD")], sizes,
+                              retained)
+        without = peak_without_offload(self.plan, sizes, self.order, retained)
         compiler = self._compiler_peaks or ([], [])
         entry_bytes = [sum(v) for v in sizes.values()]
         return MemoryReport(
@@ -203,3 +268,20 @@ class _StepState:
     activations: dict = dataclasses.field(default_factory=dict)  # (virtual stage, mb) -> input
     gradients: dict = dataclasses.field(default_factory=dict)    # (virtual stage, mb) -> grad
     pending: dict = dataclasses.field(default_factory=dict)      # (virtual stage, mb) -> (x, out)
+    # (virtual stage, mb) -> (x, _RngState or None) of a recomputed entry, from F to RECOMPUTE
+    retained: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _RngState:
+    """The CPU and one CUDA device's RNG states before a forward that RECOMPUTE repeats."""
+    cpu: torch.Tensor
+    cuda: torch.Tensor
+
+    @staticmethod
+    def now(device: int) -> "_RngState":
+        return _RngState(torch.get_rng_state(), torch.cuda.get_rng_state(device))
+
+    def restore(self, device: int):
+        torch.set_rng_state(self.cpu)
+        torch.cuda.set_rng_state(self.cuda, device)

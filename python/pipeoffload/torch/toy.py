@@ -7,22 +7,29 @@ import torch
 
 
 class Block(torch.nn.Module):
-    """x + W2 gelu(W1 x): saves W1's input (T, h), gelu's input and W2's input (T, 4h)."""
+    """x + W2 gelu(W1 x): saves W1's input (T, h), gelu's input and W2's input (T, 4h). With
+    dropout > 0, x + dropout(W2 gelu(W1 x)), which also saves the mask (T, h) and draws from the
+    CUDA RNG (what a recompute must repeat bit for bit)."""
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, dropout: float = 0.0):
         super().__init__()
         self.up = torch.nn.Linear(hidden, 4 * hidden)
         self.down = torch.nn.Linear(4 * hidden, hidden)
+        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else None
 
     def forward(self, x):  # (T, h) -> (T, h)
-        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+        if self.dropout is None:
+            return x + self.down(torch.nn.functional.gelu(self.up(x)))
+        return x + self.dropout(self.down(torch.nn.functional.gelu(self.up(x))))
 
 
 def make_stages(num_virtual_stages: int, hidden: int, blocks_per_stage: int, device,
-                seed: int = 0) -> List[torch.nn.Module]:
-    """num_virtual_stages stages of blocks_per_stage Blocks each, seeded."""
+                seed: int = 0, dropout: float = 0.0) -> List[torch.nn.Module]:
+    """num_virtual_stages stages of blocks_per_stage Blocks each, seeded (torch.manual_seed,
+    which also seeds the CUDA RNG that dropout draws from)."""
     torch.manual_seed(seed)
-    return [torch.nn.Sequential(*[Block(hidden) for _ in range(blocks_per_stage)]).to(device)
+    return [torch.nn.Sequential(*[Block(hidden, dropout)
+                                  for _ in range(blocks_per_stage)]).to(device)
             for _ in range(num_virtual_stages)]
 
 
