@@ -163,7 +163,7 @@ def test_offload_leaves_the_one_process_compute_order_alone(unit, family, chunks
 
 @pytest.mark.parametrize("family,chunks,split", [("1f1b", 1, False),
                                                  ("group-interleaved", 2, True)])
-@pytest.mark.parametrize("offload", ["none", "po-f"])
+@pytest.mark.parametrize("offload", ["none", "po-h", "po-f"])
 def test_recompute_full_leaves_the_one_process_compute_order_alone(unit, family, chunks, split,
                                                                    offload):
     # Why PipelineRunner's recomputing run can be bitwise equal to the plan without recompute:
