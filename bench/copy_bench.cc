@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "examples/common/flags.h"
 #include "lib/backend/cuda/cuda_check.h"
 #include "lib/base/status_macros.h"
@@ -97,15 +96,15 @@ const std::vector<Flag>& CopyBenchFlags() {
   return *kFlags;
 }
 
+constexpr char kHelpHeader[] =
+    "usage: copy_bench [flags]\n"
+    "\n"
+    "Host <-> device copy bandwidth of one GPU (pinned h2d, d2h, duplex; pageable h2d), the\n"
+    "ceilings activation offload runs against. Prints a markdown table; exits 77 when no GPU\n"
+    "is usable.\n";
+
 std::string HelpText() {
-  return absl::StrCat(
-      "usage: copy_bench [flags]\n"
-      "\n"
-      "Host <-> device copy bandwidth of one GPU (pinned h2d, d2h, duplex; pageable h2d), the\n"
-      "ceilings activation offload runs against. Prints a markdown table; exits 77 when no GPU\n"
-      "is usable.\n"
-      "\nflags:\n",
-      pipeoffload::examples::FlagsHelp(CopyBenchFlags()));
+  return pipeoffload::examples::FlagsHelpText(kHelpHeader, CopyBenchFlags());
 }
 
 absl::StatusOr<Options> Parse(int argc, char** argv) {

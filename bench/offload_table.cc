@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "examples/common/flags.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/cost_model.h"
@@ -76,16 +75,16 @@ const std::vector<Flag>& OffloadTableFlags() {
   return *kFlags;
 }
 
+constexpr char kHelpHeader[] =
+    "usage: offload_table [--link-group=N] [--split] [--strict]\n"
+    "       offload_table --shared-links [--worst=N]\n"
+    "\n"
+    "Peaks and overheads of the offload policies po-f and po-h under unit costs, for p in\n"
+    "{4, 8, 16, 32}, v in {1, 2, 4}, k in {0.25, 0.5, 1.0}: a markdown table for\n"
+    "docs/benchmarks.md.\n";
+
 std::string HelpText() {
-  return absl::StrCat(
-      "usage: offload_table [--link-group=N] [--split] [--strict]\n"
-      "       offload_table --shared-links [--worst=N]\n"
-      "\n"
-      "Peaks and overheads of the offload policies po-f and po-h under unit costs, for p in\n"
-      "{4, 8, 16, 32}, v in {1, 2, 4}, k in {0.25, 0.5, 1.0}: a markdown table for\n"
-      "docs/benchmarks.md.\n"
-      "\nflags:\n",
-      pipeoffload::examples::FlagsHelp(OffloadTableFlags()));
+  return pipeoffload::examples::FlagsHelpText(kHelpHeader, OffloadTableFlags());
 }
 
 // One row: compiles `spec` under `cost` and prints what the table shows.

@@ -264,7 +264,7 @@ const std::vector<Flag>& BenchFlags() {
 }  // namespace
 
 std::string BenchHelpText() {
-  return absl::StrCat(
+  return examples::FlagsHelpText(
       "usage: pipeline_bench [flags]\n"
       "       pipeline_bench --dry-run [flags]\n"
       "       pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n"
@@ -272,9 +272,8 @@ std::string BenchHelpText() {
       "Runs p pipeline stages as threads on one GPU under each policy and prints, per policy,\n"
       "the measured step beside the predicted one, stash peaks, offloaded bytes and memory\n"
       "(a markdown table and, with --json, a JSON line). Flags take --name=VALUE or --name VALUE.\n"
-      "Exit status: 0 ok, 1 a failure, 2 bad flags, 77 no usable GPU.\n"
-      "\nflags:\n",
-      examples::FlagsHelp(BenchFlags()));
+      "Exit status: 0 ok, 1 a failure, 2 bad flags, 77 no usable GPU.\n",
+      BenchFlags());
 }
 
 absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "examples/common/flags.h"
 #include "lib/base/parallel_for.h"
 #include "lib/base/status_macros.h"
@@ -106,15 +105,15 @@ const std::vector<Flag>& ScheduleBenchFlags() {
   return *kFlags;
 }
 
+constexpr char kHelpHeader[] =
+    "usage: schedule_bench [--repeats N] [--benchmarks=a,b,c]\n"
+    "\n"
+    "Compile time of the schedule compiler, every pass, at p=64 m=512 (v=4 where the family\n"
+    "has chunks), one case per policy: a markdown row per case with its op count and the\n"
+    "median and best compile time. PO_COMPILE_THREADS caps the compiler's threads.\n";
+
 std::string HelpText() {
-  return absl::StrCat(
-      "usage: schedule_bench [--repeats N] [--benchmarks=a,b,c]\n"
-      "\n"
-      "Compile time of the schedule compiler, every pass, at p=64 m=512 (v=4 where the family\n"
-      "has chunks), one case per policy: a markdown row per case with its op count and the\n"
-      "median and best compile time. PO_COMPILE_THREADS caps the compiler's threads.\n"
-      "\nflags:\n",
-      pipeoffload::examples::FlagsHelp(ScheduleBenchFlags()));
+  return pipeoffload::examples::FlagsHelpText(kHelpHeader, ScheduleBenchFlags());
 }
 
 }  // namespace

@@ -202,16 +202,14 @@ const std::vector<Flag>& CpuAdamFlags() {
   return *kFlags;
 }
 
-std::string HelpText() {
-  return absl::StrCat(
-      "usage: cpu_adam_bench [flags]\n"
-      "\n"
-      "CPU Adam (pipeoffload/adam.h) against the host's measured memory bandwidth, per ISA and\n"
-      "thread count: STREAM-like triad and adam-shaped passes, then CpuAdam params/s, GB/s and\n"
-      "% of the adam-shaped pass. Prints a markdown table (date, CPU, command) on stdout.\n"
-      "\nflags:\n",
-      examples::FlagsHelp(CpuAdamFlags()));
-}
+constexpr char kHelpHeader[] =
+    "usage: cpu_adam_bench [flags]\n"
+    "\n"
+    "CPU Adam (pipeoffload/adam.h) against the host's measured memory bandwidth, per ISA and\n"
+    "thread count: STREAM-like triad and adam-shaped passes, then CpuAdam params/s, GB/s and\n"
+    "% of the adam-shaped pass. Prints a markdown table (date, CPU, command) on stdout.\n";
+
+std::string HelpText() { return examples::FlagsHelpText(kHelpHeader, CpuAdamFlags()); }
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;

@@ -119,6 +119,12 @@ std::string FlagsHelp(const std::vector<FlagDef<Options>>& flags) {
   return FlagHelpLines(entries);
 }
 
+// A program's --help text: `header` (its usage lines and what it does), then the flags.
+template <typename Options>
+std::string FlagsHelpText(std::string_view header, const std::vector<FlagDef<Options>>& flags) {
+  return absl::StrCat(std::string(header), "\nflags:\n", FlagsHelp(flags));
+}
+
 // Parses args (argv[1..]) into `options` through `flags`: "--name value", "--name=value", and
 // switches without a value; "-h" is "--help". `aliases` maps other spellings to flag names.
 // Errors: InvalidArgument for an unknown flag, a missing value, a value given to a switch, an

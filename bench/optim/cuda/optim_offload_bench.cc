@@ -112,16 +112,14 @@ const std::vector<Flag>& OffloadBenchFlags() {
   return *kFlags;
 }
 
-std::string HelpText() {
-  return absl::StrCat(
-      "usage: optim_offload_bench [flags]\n"
-      "\n"
-      "The update phase of the optimizer-state offload, measured and predicted, for every\n"
-      "placement of the state: interleaved r (swept by --share-step, plus the model's best r),\n"
-      "static s (--static), all on the GPU. Prints markdown on stdout; exits 77 without a GPU.\n"
-      "\nflags:\n",
-      examples::FlagsHelp(OffloadBenchFlags()));
-}
+constexpr char kHelpHeader[] =
+    "usage: optim_offload_bench [flags]\n"
+    "\n"
+    "The update phase of the optimizer-state offload, measured and predicted, for every\n"
+    "placement of the state: interleaved r (swept by --share-step, plus the model's best r),\n"
+    "static s (--static), all on the GPU. Prints markdown on stdout; exits 77 without a GPU.\n";
+
+std::string HelpText() { return examples::FlagsHelpText(kHelpHeader, OffloadBenchFlags()); }
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
