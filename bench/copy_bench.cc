@@ -8,7 +8,8 @@
 //   duplex        h2d and d2h at once on two streams: total, and each direction
 //   pageable_h2d  pageable (malloc'd) host -> device, for contrast
 // Flags: --size_mib=N (1024) --reps=N (10) --warmup=N (2) --device=N (0) --csv=PATH
-//        --commit=TEXT (recorded in the CSV) --smoke (64 MiB, 3 reps, 1 warm-up).
+//        --commit=TEXT (recorded in the CSV) --smoke (64 MiB, 3 reps, 1 warm-up); --help lists
+//        them (the table CopyBenchFlags), bad flags exit 2.
 // Pinned copies are timed with CUDA events on their streams; the pageable copy with the host
 // clock around a synchronous cudaMemcpy, since the driver stages it through its own buffers.
 // Each figure is the median of --reps timed runs after --warmup untimed ones; min and max are
@@ -24,10 +25,15 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "examples/common/flags.h"
 #include "lib/backend/cuda/cuda_check.h"
+#include "lib/base/status_macros.h"
 
 namespace {
 
@@ -43,6 +49,7 @@ struct Options {
   std::string csv;
   std::string commit = "unknown";
   std::vector<std::string> benchmarks = {"h2d", "d2h", "duplex", "pageable_h2d"};
+  bool help = false;
 };
 
 struct Row {
@@ -52,68 +59,58 @@ struct Row {
   std::vector<double> seconds;  // one per timed rep
 };
 
-[[noreturn]] void Usage(const char* message) {
-  std::fprintf(stderr,
-               "copy_bench: %s\nusage: copy_bench [--benchmarks=h2d,d2h,duplex,pageable_h2d] "
-               "[--size_mib=1024] [--reps=10] [--warmup=2] [--device=0] [--csv=PATH] "
-               "[--commit=TEXT] [--smoke]\n",
-               message);
-  std::exit(2);
+using Flag = pipeoffload::examples::FlagDef<Options>;
+
+const std::vector<Flag>& CopyBenchFlags() {
+  using pipeoffload::examples::IntFlag;
+  using pipeoffload::examples::TextFlag;
+  static const auto* const kFlags = new std::vector<Flag>{
+      {"benchmarks", "NAME,...",
+       "h2d, d2h, duplex, pageable_h2d: the benchmarks to run, in this order (default all).",
+       [](Options& o, const std::string& value) -> absl::Status {
+         static const std::vector<std::string_view> kNames = {"h2d", "d2h", "duplex",
+                                                              "pageable_h2d"};
+         PO_ASSIGN_OR_RETURN(const std::vector<int> items,
+                             pipeoffload::examples::ParseFlagChoices("benchmarks", value, kNames));
+         o.benchmarks.clear();
+         for (const int i : items) o.benchmarks.emplace_back(kNames[static_cast<std::size_t>(i)]);
+         return absl::OkStatus();
+       }},
+      IntFlag("size_mib", "N", "buffer size in MiB (default 1024).", &Options::size_mib, 1,
+              1 << 16),
+      IntFlag("reps", "N", "timed runs, the median printed with min and max (default 10).",
+              &Options::reps, 1, 10000),
+      IntFlag("warmup", "N", "untimed runs before them (default 2).", &Options::warmup, 0, 10000),
+      IntFlag("device", "N", "the GPU (default 0).", &Options::device, 0, 1024),
+      TextFlag("csv", "PATH", "also write the rows as CSV here.", &Options::csv),
+      TextFlag("commit", "TEXT", "recorded in the CSV (default unknown).", &Options::commit),
+      {"smoke", "", "64 MiB, 3 reps, 1 warm-up (the CTest run).",
+       [](Options& o, const std::string&) {
+         o.size_mib = 64;
+         o.reps = 3;
+         o.warmup = 1;
+         return absl::OkStatus();
+       }},
+      pipeoffload::examples::HelpFlag(&Options::help),
+  };
+  return *kFlags;
 }
 
-bool Flag(const std::string& arg, const char* name, std::string* value) {
-  const std::string prefix = std::string("--") + name + "=";
-  if (arg.rfind(prefix, 0) != 0) return false;
-  *value = arg.substr(prefix.size());
-  return true;
+constexpr char kHelpHeader[] =
+    "usage: copy_bench [flags]\n"
+    "\n"
+    "Host <-> device copy bandwidth of one GPU (pinned h2d, d2h, duplex; pageable h2d), the\n"
+    "ceilings activation offload runs against. Prints a markdown table; exits 77 when no GPU\n"
+    "is usable.\n";
+
+std::string HelpText() {
+  return pipeoffload::examples::FlagsHelpText(kHelpHeader, CopyBenchFlags());
 }
 
-int ParseInt(const std::string& text, const char* name, long low, long high) {
-  char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < low || value > high) {
-    Usage((std::string("bad --") + name + "=" + text).c_str());
-  }
-  return static_cast<int>(value);
-}
-
-Options Parse(int argc, char** argv) {
+absl::StatusOr<Options> Parse(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    std::string value;
-    if (arg == "--smoke") {
-      options.size_mib = 64;
-      options.reps = 3;
-      options.warmup = 1;
-    } else if (Flag(arg, "size_mib", &value)) {
-      options.size_mib = ParseInt(value, "size_mib", 1, 1 << 16);
-    } else if (Flag(arg, "reps", &value)) {
-      options.reps = ParseInt(value, "reps", 1, 10000);
-    } else if (Flag(arg, "warmup", &value)) {
-      options.warmup = ParseInt(value, "warmup", 0, 10000);
-    } else if (Flag(arg, "device", &value)) {
-      options.device = ParseInt(value, "device", 0, 1024);
-    } else if (Flag(arg, "csv", &value)) {
-      options.csv = value;
-    } else if (Flag(arg, "commit", &value)) {
-      options.commit = value;
-    } else if (Flag(arg, "benchmarks", &value)) {
-      options.benchmarks.clear();
-      std::size_t start = 0;
-      while (start <= value.size()) {
-        const std::size_t comma = std::min(value.find(',', start), value.size());
-        const std::string name = value.substr(start, comma - start);
-        if (name != "h2d" && name != "d2h" && name != "duplex" && name != "pageable_h2d") {
-          Usage(("unknown benchmark '" + name + "'").c_str());
-        }
-        options.benchmarks.push_back(name);
-        start = comma + 1;
-      }
-    } else {
-      Usage(("unknown argument " + arg).c_str());
-    }
-  }
+  PO_RETURN_IF_ERROR(pipeoffload::examples::ParseFlags(pipeoffload::examples::FlagArgs(argc, argv),
+                                                       CopyBenchFlags(), options));
   return options;
 }
 
@@ -265,7 +262,12 @@ std::vector<Row> Run(Bench& bench, const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options options = Parse(argc, argv);
+  const absl::StatusOr<Options> parsed = Parse(argc, argv);
+  if (const std::optional<int> exit =
+          pipeoffload::examples::FlagsExitCode("copy_bench", parsed, HelpText)) {
+    return *exit;  // --help, or bad flags (2)
+  }
+  const Options& options = *parsed;
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count <= options.device) {

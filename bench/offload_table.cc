@@ -15,15 +15,18 @@
 //                   a host link and on a link each, against the interval-cover bound
 //   --worst=N       with --shared-links: the summary and the N worst rows only (default: every
 //                   row, then the summary)
+//   --help          these flags (the table OffloadTableFlags)
 // Exit status: 0, or 2 on a usage error.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <optional>
 #include <string>
-#include <string_view>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "examples/common/flags.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
@@ -44,28 +47,44 @@ struct Options {
   bool strict = false;
   bool shared_links = false;
   int worst = -1;  // --worst=N; -1: every row
+  bool help = false;
 };
 
-bool ParseOptions(int argc, char** argv, Options* options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg.rfind("--link-group=", 0) == 0) {
-      options->link_group = std::atoi(argv[i] + 13);
-      if (options->link_group < 1) return false;
-    } else if (arg == "--split") {
-      options->split = true;
-    } else if (arg == "--strict") {
-      options->strict = true;
-    } else if (arg == "--shared-links") {
-      options->shared_links = true;
-    } else if (arg.rfind("--worst=", 0) == 0) {
-      options->worst = std::atoi(argv[i] + 8);
-      if (options->worst < 0) return false;
-    } else {
-      return false;
-    }
-  }
-  return true;
+using Flag = pipeoffload::examples::FlagDef<Options>;
+
+const std::vector<Flag>& OffloadTableFlags() {
+  using pipeoffload::examples::IntFlag;
+  using pipeoffload::examples::SwitchFlag;
+  static const auto* const kFlags = new std::vector<Flag>{
+      IntFlag("link-group", "N",
+              "stages per host link (CostModel::host_link_group_size; default 2: pairs).",
+              &Options::link_group, 1, 1 << 20),
+      SwitchFlag("split", "split backward (separate W ops).", &Options::split),
+      SwitchFlag("strict", "compile in strict mode (a shortfall is then an error, shown as such).",
+                 &Options::strict),
+      SwitchFlag("shared-links",
+                 "the issue-15 sweep (shared_links_table.h): the same plan with pairs sharing a "
+                 "host link and on a link each, against the interval-cover bound.",
+                 &Options::shared_links),
+      IntFlag("worst", "N",
+              "with --shared-links: the summary and the N worst rows only (default: every row, "
+              "then the summary).",
+              &Options::worst, 0, 1 << 30),
+      pipeoffload::examples::HelpFlag(&Options::help),
+  };
+  return *kFlags;
+}
+
+constexpr char kHelpHeader[] =
+    "usage: offload_table [--link-group=N] [--split] [--strict]\n"
+    "       offload_table --shared-links [--worst=N]\n"
+    "\n"
+    "Peaks and overheads of the offload policies po-f and po-h under unit costs, for p in\n"
+    "{4, 8, 16, 32}, v in {1, 2, 4}, k in {0.25, 0.5, 1.0}: a markdown table for\n"
+    "docs/benchmarks.md.\n";
+
+std::string HelpText() {
+  return pipeoffload::examples::FlagsHelpText(kHelpHeader, OffloadTableFlags());
 }
 
 // One row: compiles `spec` under `cost` and prints what the table shows.
@@ -110,11 +129,11 @@ void PrintRow(const PipelineSpec& spec, const CostModel& cost, double k) {
 
 int main(int argc, char** argv) {
   Options options;
-  if (!ParseOptions(argc, argv, &options)) {
-    std::fprintf(stderr,
-                 "usage: offload_table [--link-group=N] [--split] [--strict]\n"
-                 "       offload_table --shared-links [--worst=N]\n");
-    return 2;
+  const absl::Status parsed = pipeoffload::examples::ParseFlags(
+      pipeoffload::examples::FlagArgs(argc, argv), OffloadTableFlags(), options);
+  if (const std::optional<int> exit = pipeoffload::examples::FlagsExitCode(
+          "offload_table", parsed, options.help, HelpText)) {
+    return *exit;  // --help, or a usage error (2)
   }
   if (options.shared_links) {
     pipeoffload::bench::PrintSharedLinksTable(options.worst);

@@ -27,6 +27,7 @@
 // --dry-run: no GPU; estimated costs, plans and predictions only. --summarize=JSONL
 // [--peer=JSONL]: no GPU; the checklist of issue 5's targets over earlier runs' --json lines
 // and scripts/torch_peer.py's.
+// `pipeline_bench --help` lists every flag (the table in pipeline_bench_plan.cc).
 // Exit status: 0 ok, 1 a failure (message on stderr), 2 bad flags, 77 no usable GPU.
 #include <cuda_runtime_api.h>
 
@@ -48,6 +49,7 @@
 #include "bench/gemm_stage_model.h"
 #include "bench/pipeline_bench_plan.h"
 #include "bench/pipeline_bench_report.h"
+#include "examples/common/flags.h"
 #include "lib/backend/cuda/cuda_status.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/calibrate.h"
@@ -726,11 +728,10 @@ absl::Status Bench(const BenchOptions& options) {
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<BenchOptions> parsed = ParseBenchOptions(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "pipeline_bench: %s\n%s", std::string(parsed.status().message()).c_str(),
-                 kBenchUsage);
-    return 2;
+  const absl::StatusOr<BenchOptions> parsed = ParseBenchOptions(argc, argv);
+  if (const std::optional<int> exit = examples::FlagsExitCode("pipeline_bench", parsed,
+                                                              BenchHelpText)) {
+    return *exit;  // --help, or bad flags (2)
   }
   const BenchOptions& options = *parsed;
   auto finish = [](const absl::Status& status) {

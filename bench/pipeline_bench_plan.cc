@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -13,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "examples/common/flags.h"
 #include "lib/base/check.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/planning.h"
@@ -21,31 +24,6 @@ namespace pipeoffload::bench {
 namespace {
 
 constexpr double kDryRunFlopsPerSecond = 600e12;
-
-absl::Status BadFlag(const std::string& flag, const std::string& value,
-                     const std::string& accepts) {
-  return absl::InvalidArgumentError(absl::StrCat("bad ", flag, "=", value, ": expected ", accepts));
-}
-
-absl::Status ParseIntFlag(const std::string& flag, const std::string& value, int low, int high,
-                          int* out) {
-  int parsed = 0;
-  if (!absl::SimpleAtoi(value, &parsed) || parsed < low || parsed > high) {
-    return BadFlag(flag, value, absl::StrCat("an integer in [", low, ", ", high, "]"));
-  }
-  *out = parsed;
-  return absl::OkStatus();
-}
-
-absl::Status ParseDoubleFlag(const std::string& flag, const std::string& value, double low,
-                             double high, double* out) {
-  double parsed = 0.0;
-  if (!absl::SimpleAtod(value, &parsed) || !(parsed >= low) || !(parsed <= high)) {
-    return BadFlag(flag, value, absl::StrCat("a number in [", low, ", ", high, "]"));
-  }
-  *out = parsed;
-  return absl::OkStatus();
-}
 
 // recompute-MODE and recompute-MODE+po-f: every entry recomputed, and with +po-f what F
 // keeps offloaded where the link carries it (issue 16).
@@ -118,149 +96,191 @@ PolicyName SplitPolicyName(const std::string& name) {
   return out;
 }
 
-const char kBenchUsage[] =
-    "usage: pipeline_bench [--model=gemm|gpt] [--saved=full|lean] [--hidden=4096] [--heads=h/128]\n"
-    "  [--seq=2048] (lean: the GPT's layers save 20 h bytes per token instead of 32 h and\n"
-    "   recompute LayerNorm outputs and GELU before the weight gradients)\n"
-    "  [--layers-per-chunk=1] [--microbatches=4p] [--stages=4]\n"
-    "  [--family=1f1b|interleaved|group-interleaved] [--chunks=1]\n"
-    "  [--policy=P | --policies=P,P,...|all] (P: 1f1b|none|po-h|po-f|selective|auto|\n"
-    "   recompute-full|recompute-lean (every entry recomputed before its B from the chunk's\n"
-    "   input / the lean layout; auto may recompute too where the model offers it),\n"
-    "   recompute-full+po-f|recompute-lean+po-f (the same, what F keeps offloaded), an\n"
-    "   offload policy optionally @C to plan it at compute factor C and/or :shared to plan it\n"
-    "   on one link shared by the p stages (BARRIER hand-overs) instead of the default link\n"
-    "   split p ways (:split, accepted, is the default); all = 1f1b,none,po-h,po-f,selective,\n"
-    "   auto)\n"
-    "  [--offload-fraction=0.5] [--budget-gb=G | --budget-fraction=0.5] [--steps=5]\n"
-    "  [--warmup=2] [--reps=5] [--pcie-gbs=G] [--duplex-gbs=G] (0 = measure; --dry-run: the\n"
-    "   H200's 55.3 and 46)\n"
-    "  [--planner-scale=C (0 = search 1..p)] [--sim-tolerance=0.01]\n"
-    "  [--wait-timeout=120] (seconds a stage waits on a copy, message or the GPU before it\n"
-    "   stops, naming the op)\n"
-    "  [--release=defer|wait|defer-uncapped] (RELEASE frees its device block once the D2H copy\n"
-    "   ends without blocking the stage, an allocation past the predicted stash peak waiting\n"
-    "   instead; or host-waits the copy first: the blocking RELEASE, to A/B; or defers without\n"
-    "   the cap: released blocks may use any free arena memory meanwhile)\n"
-    "  [--p2p-reserve=plan|worst] (each arena's room for P2P buffers: the peak of their\n"
-    "   lifetimes across stages, which the executor then holds to, or every buffer of the step)\n"
+namespace {
 
-    "  [--out=MD] [--json=JSONL] [--trace-dir=DIR]\n"
-    "  [--dry-run [--forward-ms=F --backward-ms=B --recompute-ms=R --lean-ms=L]] (one chunk's\n"
-    "   times alone, as a run measures them; R defaults to F, L to F / 4)\n"
-    "  or: pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n";
+using Flag = examples::FlagDef<BenchOptions>;
+
+// --name=VALUE: one of `names`, stored by `set`.
+Flag ChoiceFlag(std::string_view name, std::string_view value_name, std::string_view help,
+                std::vector<std::string_view> names,
+                std::function<void(BenchOptions&, int)> set) {
+  return {name, value_name, help,
+          [=](BenchOptions& o, const std::string& value) -> absl::Status {
+            PO_ASSIGN_OR_RETURN(const int index, examples::ParseFlagChoice(name, value, names));
+            set(o, index);
+            return absl::OkStatus();
+          }};
+}
+
+absl::Status SetPolicies(BenchOptions& o, const std::string& value) {
+  o.policies.clear();
+  for (const absl::string_view name : absl::StrSplit(value, ',')) {
+    std::vector<std::string> names = {std::string(name)};
+    if (name == "all") names = {"1f1b", "none", "po-h", "po-f", "selective", "auto"};
+    for (const std::string& one : names) {
+      if (!KnownPolicy(one)) {
+        return examples::BadFlagValue(
+            "policies",
+            "1f1b, none, po-h, po-f, selective, auto, recompute-full, recompute-lean (each "
+            "optionally +po-f) or all (comma-separated; an offload policy may end in @C, C >= 1, "
+            "and in :shared or :split)",
+            value);
+      }
+      if (std::find(o.policies.begin(), o.policies.end(), one) == o.policies.end()) {
+        o.policies.push_back(one);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<Flag>& BenchFlags() {
+  using examples::IntFlag;
+  using examples::RealFlag;
+  using examples::TextFlag;
+  using O = BenchOptions;
+  static const auto* const kFlags = new std::vector<Flag>{
+      // --- the model ---
+      ChoiceFlag("model", "gemm|gpt",
+                 "each stage's model: a GPT layer's four GEMMs, or the CUDA GPT layer stack "
+                 "(default: gpt when this build has it, else gemm).",
+                 {"gemm", "gpt"},
+                 [](O& o, int i) { o.model = i == 0 ? "gemm" : "gpt"; }),
+      ChoiceFlag("saved", "full|lean",
+                 "gpt: lean layers save 20 h bytes per token instead of 32 h and recompute "
+                 "their LayerNorm outputs and GELU before the weight gradients (default full).",
+                 {"full", "lean"}, [](O& o, int i) { o.lean_saved = i == 1; }),
+      IntFlag("hidden", "N", "model width h (default 4096).", &O::hidden, 64, 65536),
+      IntFlag("heads", "N", "gpt: attention heads (default h / 128); must divide --hidden.",
+              &O::heads, 1, 1024),
+      IntFlag("seq", "N", "tokens per microbatch (default 2048).", &O::sequence, 8, 1 << 20),
+      // --- the pipeline ---
+      IntFlag("layers-per-chunk", "N", "layers in each chunk (default 1).", &O::layers_per_chunk,
+              1, 64),
+      IntFlag("microbatches", "N", "microbatches per step (default 4 p).", &O::microbatches, 1,
+              4096),
+      IntFlag("stages", "P", "pipeline stages p, threads on the one GPU (default 4).", &O::stages,
+              1, 64),
+      {"family", "NAME",
+       "1f1b, interleaved or group-interleaved: the order of every policy but 1f1b (default "
+       "1f1b).",
+       [](O& o, const std::string& value) -> absl::Status {
+         if (!FamilyFromName(value).has_value()) {
+           return examples::BadFlagValue("family", "1f1b, interleaved or group-interleaved",
+                                         value);
+         }
+         o.family = value;
+         return absl::OkStatus();
+       }},
+      IntFlag("chunks", "V", "chunks per stage of every policy but 1f1b (default 1).", &O::chunks,
+              1, 64),
+      {"policies", "P,P,...",
+       "the policies to run, in order (--policy is the same flag; default 1f1b). P: 1f1b (1F1B, "
+       "one chunk per stage, no offload: the baseline), none (--family / --chunks, no offload), "
+       "po-h, po-f, selective, auto (auto may recompute too where the model offers it), "
+       "recompute-full or recompute-lean (every entry recomputed before its B from the chunk's "
+       "input / the lean layout), recompute-full+po-f or recompute-lean+po-f (the same, what F "
+       "keeps offloaded); all = 1f1b,none,po-h,po-f,selective,auto. An offload policy may end in "
+       "@C to plan it at compute factor C, and in :shared to plan it on one link shared by the p "
+       "stages (BARRIER hand-overs) instead of the default link split p ways (:split).",
+       SetPolicies},
+      RealFlag("offload-fraction", "X", "selective: the share of entries offloaded (default 0.5).",
+               &O::offload_fraction, 0.0, 1.0),
+      RealFlag("budget-gb", "G",
+               "auto: the per-stage activation budget in GB (default 0: use --budget-fraction).",
+               &O::budget_gb, 0.0, 1e6),
+      RealFlag("budget-fraction", "X",
+               "auto: the budget as this share of 1f1b's peak, when --budget-gb is 0 (default "
+               "0.5).",
+               &O::budget_fraction, 0.01, 1.0),
+      RealFlag("planner-scale", "C",
+               "the planner's compute factor for every offload policy (default 0: search 1..p).",
+               &O::planner_scale, 0.0, 1024.0),
+      RealFlag("sim-tolerance", "X",
+               "the search's bound on the one-GPU slowdown vs no offload (default 0.01).",
+               &O::sim_tolerance, 0.0, 1.0),
+      // --- the run ---
+      IntFlag("steps", "N", "timed steps per policy (default 5).", &O::steps, 1, 10000),
+      IntFlag("warmup", "N", "untimed steps before them (default 2).", &O::warmup, 0, 10000),
+      IntFlag("reps", "N", "runs of each solo chunk timing, the median kept (default 5).",
+              &O::reps, 1, 1000),
+      RealFlag("pcie-gbs", "G",
+               "pinned PCIe GB/s, one direction alone (default 0: measure; --dry-run: the H200's "
+               "55.3).",
+               &O::pcie_gbs, 0.0, 1e5),
+      RealFlag("duplex-gbs", "G",
+               "pinned PCIe GB/s of each direction while both run (default 0: measure; --dry-run: "
+               "46).",
+               &O::duplex_gbs, 0.0, 1e5),
+      RealFlag("wait-timeout", "S",
+               "seconds a stage waits on a copy, a message or the GPU before it stops, naming the "
+               "op (default 120).",
+               &O::wait_timeout_s, 0.1, 3600.0),
+      ChoiceFlag("release", "defer|wait|defer-uncapped",
+                 "defer (default): RELEASE frees its device block once the D2H copy ends without "
+                 "blocking the stage, an allocation past the predicted stash peak waiting "
+                 "instead; wait: host-waits the copy first (the blocking RELEASE, to A/B); "
+                 "defer-uncapped: defers without the cap, released blocks may use any free arena "
+                 "memory meanwhile.",
+                 {"defer", "wait", "defer-uncapped"},
+                 [](O& o, int i) {
+                   o.release_wait = i == 1;
+                   o.release_uncapped = i == 2;
+                 }),
+      ChoiceFlag("p2p-reserve", "plan|worst",
+                 "each arena's room for P2P buffers: the peak of their lifetimes across stages, "
+                 "which the executor then holds to (plan, default), or every buffer of the step.",
+                 {"plan", "worst"}, [](O& o, int i) { o.p2p_reserve_worst = i == 1; }),
+      // --- output ---
+      TextFlag("out", "MD", "append the markdown table to this file too.", &O::out),
+      TextFlag("json", "JSONL", "append one JSON line of results to this file.", &O::json),
+      TextFlag("trace-dir", "DIR",
+               "write each policy's last measured step here as Chrome trace JSON.",
+               &O::trace_dir),
+      // --- without a GPU ---
+      examples::SwitchFlag("dry-run",
+                           "no GPU: estimated costs, plans and predictions only (--forward-ms "
+                           "and the rest give one chunk's times alone, as a run measures them).",
+                           &O::dry_run),
+      RealFlag("forward-ms", "F",
+               "--dry-run: one chunk's F alone (default 0: estimate at 600 TFLOP/s).",
+               &O::forward_ms, 0.0, 1e6),
+      RealFlag("backward-ms", "B", "--dry-run: one chunk's B alone (default 0: twice F).",
+               &O::backward_ms, 0.0, 1e6),
+      RealFlag("recompute-ms", "R", "--dry-run: one chunk's full recompute (default 0: F).",
+               &O::recompute_ms, 0.0, 1e6),
+      RealFlag("lean-ms", "L", "--dry-run: one chunk's lean recompute (default 0: F / 4).",
+               &O::lean_ms, 0.0, 1e6),
+      TextFlag("summarize", "JSONL",
+               "no GPU: print issue 5's checklist over these earlier runs' --json lines.",
+               &O::summarize),
+      TextFlag("peer", "JSONL", "with --summarize: scripts/torch_peer.py's JSON lines.",
+               &O::peer),
+      examples::HelpFlag(&O::help),
+  };
+  return *kFlags;
+}
+
+}  // namespace
+
+std::string BenchHelpText() {
+  return examples::FlagsHelpText(
+      "usage: pipeline_bench [flags]\n"
+      "       pipeline_bench --dry-run [flags]\n"
+      "       pipeline_bench --summarize=JSONL [--peer=TORCH_JSONL] [--out=MD]\n"
+      "\n"
+      "Runs p pipeline stages as threads on one GPU under each policy and prints, per policy,\n"
+      "the measured step beside the predicted one, stash peaks, offloaded bytes and memory\n"
+      "(a markdown table and, with --json, a JSON line). Flags take --name=VALUE or --name VALUE.\n"
+      "Exit status: 0 ok, 1 a failure, 2 bad flags, 77 no usable GPU.\n",
+      BenchFlags());
+}
 
 absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv) {
   BenchOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--dry-run") {
-      options.dry_run = true;
-      continue;
-    }
-    const std::size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown argument '", arg, "' (flags are --name=value)"));
-    }
-    const std::string flag = arg.substr(0, eq);
-    const std::string value = arg.substr(eq + 1);
-    if (flag == "--model") {
-      if (value != "gemm" && value != "gpt") return BadFlag(flag, value, "gemm or gpt");
-      options.model = value;
-    } else if (flag == "--p2p-reserve") {
-      if (value != "plan" && value != "worst") return BadFlag(flag, value, "plan or worst");
-      options.p2p_reserve_worst = value == "worst";
-    } else if (flag == "--saved") {
-      if (value != "full" && value != "lean") return BadFlag(flag, value, "full or lean");
-      options.lean_saved = value == "lean";
-    } else if (flag == "--hidden") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 64, 65536, &options.hidden));
-    } else if (flag == "--heads") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 1024, &options.heads));
-    } else if (flag == "--seq") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 8, 1 << 20, &options.sequence));
-    } else if (flag == "--layers-per-chunk") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 64, &options.layers_per_chunk));
-    } else if (flag == "--microbatches") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 4096, &options.microbatches));
-    } else if (flag == "--stages") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 64, &options.stages));
-    } else if (flag == "--chunks") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 64, &options.chunks));
-    } else if (flag == "--family") {
-      if (!FamilyFromName(value).has_value()) {
-        return BadFlag(flag, value, "1f1b, interleaved or group-interleaved");
-      }
-      options.family = value;
-    } else if (flag == "--policy" || flag == "--policies") {
-      options.policies.clear();
-      for (const absl::string_view name : absl::StrSplit(value, ',')) {
-        std::vector<std::string> names = {std::string(name)};
-        if (name == "all") names = {"1f1b", "none", "po-h", "po-f", "selective", "auto"};
-        for (const std::string& one : names) {
-          if (!KnownPolicy(one)) {
-            return BadFlag(flag, value,
-                           "1f1b, none, po-h, po-f, selective, auto, recompute-full, "
-                           "recompute-lean (each optionally +po-f) or all (comma-separated; "
-                           "an offload policy may end in @C, C >= 1, and in :shared or :split)");
-          }
-          if (std::find(options.policies.begin(), options.policies.end(), one) ==
-              options.policies.end()) {
-            options.policies.push_back(one);
-          }
-        }
-      }
-    } else if (flag == "--offload-fraction") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1.0, &options.offload_fraction));
-    } else if (flag == "--budget-gb") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.budget_gb));
-    } else if (flag == "--budget-fraction") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.01, 1.0, &options.budget_fraction));
-    } else if (flag == "--steps") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 10000, &options.steps));
-    } else if (flag == "--warmup") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 0, 10000, &options.warmup));
-    } else if (flag == "--reps") {
-      PO_RETURN_IF_ERROR(ParseIntFlag(flag, value, 1, 1000, &options.reps));
-    } else if (flag == "--pcie-gbs") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e5, &options.pcie_gbs));
-    } else if (flag == "--duplex-gbs") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e5, &options.duplex_gbs));
-    } else if (flag == "--forward-ms") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.forward_ms));
-    } else if (flag == "--backward-ms") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.backward_ms));
-    } else if (flag == "--recompute-ms") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.recompute_ms));
-    } else if (flag == "--lean-ms") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1e6, &options.lean_ms));
-    } else if (flag == "--planner-scale") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1024.0, &options.planner_scale));
-    } else if (flag == "--wait-timeout") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.1, 3600.0, &options.wait_timeout_s));
-    } else if (flag == "--sim-tolerance") {
-      PO_RETURN_IF_ERROR(ParseDoubleFlag(flag, value, 0.0, 1.0, &options.sim_tolerance));
-    } else if (flag == "--release") {
-      if (value != "defer" && value != "wait" && value != "defer-uncapped") {
-        return BadFlag(flag, value, "defer, wait or defer-uncapped");
-      }
-      options.release_wait = value == "wait";
-      options.release_uncapped = value == "defer-uncapped";
-    } else if (flag == "--out") {
-      options.out = value;
-    } else if (flag == "--json") {
-      options.json = value;
-    } else if (flag == "--trace-dir") {
-      options.trace_dir = value;
-    } else if (flag == "--summarize") {
-      options.summarize = value;
-    } else if (flag == "--peer") {
-      options.peer = value;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag, "\n", kBenchUsage));
-    }
-  }
+  PO_RETURN_IF_ERROR(examples::ParseFlags(examples::FlagArgs(argc, argv), BenchFlags(), options,
+                                          {{"policy", "policies"}}));
+  if (options.help) return options;
   if (!options.peer.empty() && options.summarize.empty()) {
     return absl::InvalidArgumentError("--peer needs --summarize (the checklist reads both)");
   }

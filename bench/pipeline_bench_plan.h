@@ -34,7 +34,8 @@
 
 namespace pipeoffload::bench {
 
-extern const char kBenchUsage[];
+// The --help text: a usage header, then every flag of the table that ParseBenchOptions reads.
+std::string BenchHelpText();
 
 struct BenchOptions {
   std::string model;  // "gemm" | "gpt"; empty = gpt when this build has it, else gemm
@@ -93,6 +94,7 @@ struct BenchOptions {
   std::string summarize;    // no GPU: read these JSON lines, print the checklist
   std::string peer;         // with summarize: torch_peer.py's JSON lines
   bool dry_run = false;
+  bool help = false;  // --help (-h): print BenchHelpText() and exit 0
 
   int Microbatches() const { return microbatches > 0 ? microbatches : 4 * stages; }
   int Heads() const { return heads > 0 ? heads : hidden / 128 > 0 ? hidden / 128 : 1; }
@@ -114,7 +116,9 @@ struct PolicyName {
 };
 PolicyName SplitPolicyName(const std::string& name);
 
-// Parses argv[1..). Errors: InvalidArgument naming the flag and what it accepts.
+// Parses argv[1..) with the programs' one flag parser (examples/common/flags.h): --name=VALUE
+// or --name VALUE, switches bare. After --help it returns at once, unchecked. Errors:
+// InvalidArgument naming the flag and what it accepts.
 [[nodiscard]] absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, char** argv);
 
 // How a policy cuts each stage's layers: `chunks` chunks of `layers_per_chunk` layers each,

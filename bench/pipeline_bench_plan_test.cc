@@ -253,6 +253,47 @@ TEST_CASE("flags: values, defaults and errors naming the flag", "[pipeline_bench
   }
 }
 
+TEST_CASE("flags: --help, both value forms, and bad command lines pointing at --help",
+          "[pipeline_bench]") {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"-h"}, {"--heads=3", "--help"}}) {
+    CAPTURE(args);
+    absl::StatusOr<BenchOptions> help = Parse(args);
+    REQUIRE(help.ok());  // --help skips the cross-flag checks (--heads=3 of h = 4096)
+    CHECK(help->help);
+  }
+  CHECK_FALSE(Parse({})->help);
+  const std::string text = BenchHelpText();
+  CHECK(text.rfind("usage: pipeline_bench", 0) == 0);
+  for (const char* flag :
+       {"--model gemm|gpt", "--hidden N", "--policies P,P,...", "--release", "--p2p-reserve",
+        "--dry-run", "--forward-ms F", "--summarize JSONL", "--peer JSONL", "--help"}) {
+    CAPTURE(flag);
+    CHECK(text.find(flag) != std::string::npos);
+  }
+
+  absl::StatusOr<BenchOptions> spaced = Parse({"--hidden", "2048", "--policy", "po-f", "--dry-run"});
+  REQUIRE(spaced.ok());
+  CHECK(spaced->hidden == 2048);
+  CHECK(spaced->policies == std::vector<std::string>{"po-f"});
+  CHECK(spaced->dry_run);
+
+  for (const auto& [args, message] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--bogus=1"}, "unknown flag --bogus (see --help)"},
+           {{"-x"}, "unexpected argument '-x'"},
+           {{"dry-run"}, "unexpected argument 'dry-run'"},
+           {{"--dry-run=yes"}, "--dry-run takes no value"},
+           {{"--hidden"}, "--hidden needs a value (N)"},
+           {{"--hidden=32"}, "--hidden expects an integer in [64, 65536], got '32'"},
+           {{"--budget-fraction=2"}, "--budget-fraction expects a number in [0.01, 1], got '2'"}}) {
+    CAPTURE(args);
+    absl::StatusOr<BenchOptions> bad = Parse(args);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(bad.status().message()).find(message) != std::string::npos);
+  }
+}
+
 TEST_CASE("arena budgets: the P2P plan's peak, far below every buffer of the step",
           "[pipeline_bench]") {
   BenchOptions options;
@@ -297,7 +338,7 @@ TEST_CASE("arena budgets: the P2P plan's peak, far below every buffer of the ste
   CHECK_FALSE(parsed->p2p_reserve_worst);
   parsed = Parse({"--p2p-reserve=some"});
   REQUIRE_FALSE(parsed.ok());
-  CHECK(std::string(parsed.status().message()).find("--p2p-reserve=some: expected plan or worst") !=
+  CHECK(std::string(parsed.status().message()).find("--p2p-reserve expects plan or worst, got 'some'") !=
         std::string::npos);
 }
 
@@ -460,8 +501,9 @@ TEST_CASE("--release: defer by default, wait or uncapped on request, nothing els
   options = Parse({"--release=later"});
   REQUIRE(options.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(options.status().message())
-            .find("--release=later: expected defer, wait or defer-uncapped") != std::string::npos);
-  CHECK(std::string(kBenchUsage).find("--release=defer|wait|defer-uncapped") != std::string::npos);
+            .find("--release expects defer, wait or defer-uncapped, got 'later'") !=
+        std::string::npos);
+  CHECK(BenchHelpText().find("--release defer|wait|defer-uncapped") != std::string::npos);
   options = Parse({"--release=defer-uncapped"});
   REQUIRE(options.ok());
   CHECK(options->release_uncapped);

@@ -3,7 +3,7 @@
 // per policy, unit costs with offload at k = 0.25. Prints one markdown row per case with the
 // median and the best of --repeats runs, and the compiler's threads (PO_COMPILE_THREADS caps
 // them; lib/base/parallel_for.h).
-//   build/bench/schedule_bench [--repeats N] [--benchmarks=a,b,c]
+//   build/bench/schedule_bench [--repeats N] [--benchmarks=a,b,c]   (--help lists the flags)
 // Benchmarks (all by default, in this order):
 //   1f1b          1F1B, no offload
 //   interleaved   Megatron-style interleaved, v=4, no offload
@@ -17,13 +17,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "examples/common/flags.h"
 #include "lib/base/parallel_for.h"
+#include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
 
 namespace {
@@ -67,56 +69,69 @@ std::vector<Case> AllCases(const pipeoffload::CostModel& cost) {
   };
 }
 
-// The cases named in `list` (comma-separated), or every case for an empty list; false (with a
-// message on stderr) for an unknown name.
-bool Select(std::string_view list, const std::vector<Case>& all, std::vector<Case>* out) {
-  if (list.empty()) {
-    *out = all;
-    return true;
-  }
-  while (!list.empty()) {
-    const std::size_t comma = list.find(',');
-    const std::string_view name = list.substr(0, comma);
-    const auto it = std::find_if(all.begin(), all.end(),
-                                 [&](const Case& c) { return name == c.name; });
-    if (it == all.end()) {
-      std::fprintf(stderr, "schedule_bench: unknown benchmark '%.*s' (known:",
-                   static_cast<int>(name.size()), name.data());
-      for (const Case& c : all) std::fprintf(stderr, " %s", c.name);
-      std::fprintf(stderr, ")\n");
-      return false;
-    }
-    out->push_back(*it);
-    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-  }
-  return true;
+struct Options {
+  int repeats = 5;
+  std::vector<int> cases;  // --benchmarks: indices into AllCases, in order; empty: every case
+  bool help = false;
+};
+
+const pipeoffload::CostModel& Cost() {
+  static const auto* const kCost = new pipeoffload::CostModel(pipeoffload::UnitCostModel(0.25));
+  return *kCost;
 }
 
-constexpr char kUsage[] =
+using Flag = pipeoffload::examples::FlagDef<Options>;
+
+const std::vector<Flag>& ScheduleBenchFlags() {
+  static const auto* const kFlags = new std::vector<Flag>{
+      pipeoffload::examples::IntFlag("repeats", "N",
+                                     "runs per case; the median and the best are printed "
+                                     "(default 5).",
+                                     &Options::repeats, 1, 1000000),
+      {"benchmarks", "LIST",
+       "cases to run, in this order: 1f1b, interleaved, group, po-h, po-f, selective, auto "
+       "(default: all; p=64 m=512 v=4, unit costs, k = 0.25).",
+       [](Options& o, const std::string& value) -> absl::Status {
+         std::vector<std::string_view> names;
+         const std::vector<Case> all = AllCases(Cost());
+         for (const Case& c : all) names.push_back(c.name);
+         PO_ASSIGN_OR_RETURN(const std::vector<int> items,
+                             pipeoffload::examples::ParseFlagChoices("benchmarks", value, names));
+         o.cases = items;
+         return absl::OkStatus();
+       }},
+      pipeoffload::examples::HelpFlag(&Options::help),
+  };
+  return *kFlags;
+}
+
+constexpr char kHelpHeader[] =
     "usage: schedule_bench [--repeats N] [--benchmarks=a,b,c]\n"
-    "  --repeats N          runs per case; the median is printed (default 5)\n"
-    "  --benchmarks=LIST    cases to run: 1f1b, interleaved, group, po-h, po-f, selective,\n"
-    "                       auto (default: all; p=64 m=512 v=4, unit costs, k = 0.25)\n";
+    "\n"
+    "Compile time of the schedule compiler, every pass, at p=64 m=512 (v=4 where the family\n"
+    "has chunks), one case per policy: a markdown row per case with its op count and the\n"
+    "median and best compile time. PO_COMPILE_THREADS caps the compiler's threads.\n";
+
+std::string HelpText() {
+  return pipeoffload::examples::FlagsHelpText(kHelpHeader, ScheduleBenchFlags());
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int repeats = 5;
-  std::string_view list;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (arg.starts_with("--benchmarks=")) {
-      list = arg.substr(std::strlen("--benchmarks="));
-    } else {
-      std::fputs(kUsage, arg == "--help" ? stdout : stderr);
-      return arg == "--help" ? 0 : 2;
-    }
+  Options options;
+  const absl::Status parsed = pipeoffload::examples::ParseFlags(
+      pipeoffload::examples::FlagArgs(argc, argv), ScheduleBenchFlags(), options);
+  if (const std::optional<int> exit = pipeoffload::examples::FlagsExitCode(
+          "schedule_bench", parsed, options.help, HelpText)) {
+    return *exit;  // --help, or bad flags (2)
   }
-  const pipeoffload::CostModel cost = pipeoffload::UnitCostModel(0.25);
+  const int repeats = options.repeats;
+  const pipeoffload::CostModel& cost = Cost();
+  const std::vector<Case> all = AllCases(cost);
   std::vector<Case> cases;
-  if (!Select(list, AllCases(cost), &cases)) return 2;
+  for (const int i : options.cases) cases.push_back(all[static_cast<std::size_t>(i)]);
+  if (cases.empty()) cases = all;
   std::printf("| case (p=%d m=%d, %d threads) | ops | compile (median of %d) | best |\n"
               "|---|---|---|---|\n",
               kStages, kMicrobatches, pipeoffload::internal::CompileThreads(), repeats);

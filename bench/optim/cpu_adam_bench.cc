@@ -29,6 +29,7 @@
 //        --skew=P,M,V,G,B: where each array starts, in cache lines past a page boundary
 //          (default 0,13,26,39,52; 0,0,0,0,0 shows what same-offset arrays cost; a split
 //          master's lo takes P's, its hi B's)
+//        --help lists them (the table CpuAdamFlags); bad flags exit 2.
 // Prints a markdown table (with date, CPU and command) on stdout.
 #include <sys/mman.h>
 
@@ -41,12 +42,15 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
-#include "bench/optim/bench_flags.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "examples/common/flags.h"
 #include "lib/optim/worker_pool.h"
 #include "nlohmann/json.hpp"
 #include "pipeoffload/adam.h"
@@ -72,7 +76,8 @@ double AdamBytes(bool with_bf16, bool bf16_grad, bool split = false) {
 
 struct Flags {
   std::int64_t params = std::int64_t{1} << 24;
-  std::string threads = "sweep";
+  std::string threads = "sweep";  // sweep, all, or list: the counts in thread_list
+  std::vector<int> thread_list;
   std::vector<CpuIsa> isas;
   std::string bf16 = "both";
   std::vector<bool> bf16_grads = {false, true};  // --grad: fp32 and/or bf16 gradients
@@ -80,104 +85,138 @@ struct Flags {
   int reps = 5;
   int warmup = 1;
   std::string json_path;
-  bool stream = true;
+  bool no_stream = false;
   std::vector<int> skews = {0, 13, 26, 39, 52};  // p, m, v, g, bf16: see Array
   std::vector<int> prefetch = {-1};              // CpuAdamOptions::prefetch_bytes values
   std::string command;
+  bool help = false;
 };
 
-[[noreturn]] void Usage(const std::string& message) {
-  std::fprintf(stderr,
-               "cpu_adam_bench: %s\nusage: cpu_adam_bench [--params=N | --big] "
-               "[--threads=sweep|all|1,2,4] [--isas=scalar,avx2,avx512] [--bf16=both|on|off] "
-               "[--grad=fp32,bf16] [--master=fp32,split] [--reps=5] [--warmup=1] [--json=PATH] "
-               "[--no-stream] [--smoke] "
-               "[--skew=P,M,V,G,B] [--prefetch=0,1024]\n",
-               message.c_str());
-  std::exit(2);
+using Flag = examples::FlagDef<Flags>;
+constexpr CpuIsa kIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512};
+
+// A list of two choices, each item true for the second: --grad (fp32,bf16), --master (fp32,split).
+Flag PairListFlag(std::string_view name, std::string_view value_name, std::string_view help,
+                  std::vector<bool> Flags::*field, std::string_view first,
+                  std::string_view second) {
+  return {name, value_name, help, [=](Flags& f, const std::string& value) -> absl::Status {
+            PO_ASSIGN_OR_RETURN(const std::vector<int> items,
+                                examples::ParseFlagChoices(name, value, {first, second}));
+            (f.*field).assign(items.begin(), items.end());
+            return absl::OkStatus();
+          }};
 }
 
-std::int64_t ParseInt(const std::string& flag, const std::string& text, std::int64_t min) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 0);
-  if (text.empty() || *end != '\0' || value < min) {
-    Usage(flag + " wants an integer >= " + std::to_string(min) + ", got '" + text + "'");
-  }
-  return value;
+const std::vector<Flag>& CpuAdamFlags() {
+  using examples::IntFlag;
+  static const auto* const kFlags = new std::vector<Flag>{
+      IntFlag("params", "N", "parameters of the arrays (default 2^24).", &Flags::params, 1,
+              std::int64_t{1} << 40),
+      {"big", "", "2^28 parameters: 4.3 GB of state + 0.5 GB bf16.",
+       [](Flags& f, const std::string&) {
+         f.params = std::int64_t{1} << 28;
+         return absl::OkStatus();
+       }},
+      {"smoke", "", "2^16 parameters, 1 rep, no warm-up (the CTest run).",
+       [](Flags& f, const std::string&) {
+         f.params = std::int64_t{1} << 16;
+         f.reps = 1;
+         f.warmup = 0;
+         return absl::OkStatus();
+       }},
+      {"threads", "sweep|all|N,N,...",
+       "thread counts: sweep (default: 1, 2, 4, ... and every CPU we may use), all (every CPU we "
+       "may use), or a list.",
+       [](Flags& f, const std::string& value) -> absl::Status {
+         f.threads = value == "sweep" || value == "all" ? value : "list";
+         if (f.threads != "list") return absl::OkStatus();
+         absl::StatusOr<std::vector<std::int64_t>> counts =
+             examples::ParseFlagInts("threads", value, 1, 1 << 16);
+         if (!counts.ok()) {
+           return examples::BadFlagValue(
+               "threads", "sweep, all or a comma-separated list of counts in [1, 65536]", value);
+         }
+         f.thread_list.assign(counts->begin(), counts->end());
+         return absl::OkStatus();
+       }},
+      {"isas", "ISA,...",
+       "scalar, avx2, avx512: the ISAs to measure (default: every one this CPU runs).",
+       [](Flags& f, const std::string& value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::vector<int> items,
+                             examples::ParseFlagChoices("isas", value,
+                                                        {CpuIsaName(kIsas[0]), CpuIsaName(kIsas[1]),
+                                                         CpuIsaName(kIsas[2])}));
+         f.isas.clear();
+         for (const int i : items) {
+           if (!CpuSupports(kIsas[i])) {
+             return absl::InvalidArgumentError(
+                 absl::StrCat("--isas: this CPU cannot run ", std::string(CpuIsaName(kIsas[i]))));
+           }
+           f.isas.push_back(kIsas[i]);
+         }
+         return absl::OkStatus();
+       }},
+      {"bf16", "both|on|off", "rows with the bf16 copy, without it, or both (default both).",
+       [](Flags& f, const std::string& value) -> absl::Status {
+         PO_RETURN_IF_ERROR(
+             examples::ParseFlagChoice("bf16", value, {"both", "on", "off"}).status());
+         f.bf16 = value;
+         return absl::OkStatus();
+       }},
+      PairListFlag("grad", "fp32,bf16", "gradient types (default both).", &Flags::bf16_grads,
+                   "fp32", "bf16"),
+      PairListFlag("master", "fp32,split",
+                   "master types (default fp32); split: the fp32 master kept as its bf16 high "
+                   "half and its low half, rows cpu_adam-<isa>+split, which ignore --bf16.",
+                   &Flags::split_masters, "fp32", "split"),
+      IntFlag("reps", "N", "timed runs, the median kept (default 5).", &Flags::reps, 1, 1000000),
+      IntFlag("warmup", "N", "untimed runs before them (default 1).", &Flags::warmup, 0, 1000000),
+      examples::TextFlag("json", "PATH", "also write the results as JSON here.",
+                         &Flags::json_path),
+      examples::SwitchFlag("no-stream", "skip the STREAM-like passes.", &Flags::no_stream),
+      {"prefetch", "B,B,...",
+       "CpuAdamOptions::prefetch_bytes values to measure (default -1: by CPU vendor; rows name "
+       "the distance used when it is not 0).",
+       [](Flags& f, const std::string& value) -> absl::Status {
+         PO_ASSIGN_OR_RETURN(const std::vector<std::int64_t> bytes,
+                             examples::ParseFlagInts("prefetch", value, -1, 1 << 30));
+         f.prefetch.assign(bytes.begin(), bytes.end());
+         return absl::OkStatus();
+       }},
+      {"skew", "P,M,V,G,B",
+       "where each array starts, in cache lines past a page boundary (default 0,13,26,39,52; "
+       "0,0,0,0,0 shows what same-offset arrays cost; a split master's lo takes P's, its hi "
+       "B's).",
+       [](Flags& f, const std::string& value) -> absl::Status {
+         absl::StatusOr<std::vector<std::int64_t>> lines =
+             examples::ParseFlagInts("skew", value, 0, 63);
+         if (!lines.ok() || lines->size() != 5) {
+           return examples::BadFlagValue(
+               "skew", "5 cache-line counts p,m,v,g,bf16, each in [0, 63] (one page)", value);
+         }
+         f.skews.assign(lines->begin(), lines->end());
+         return absl::OkStatus();
+       }},
+      examples::HelpFlag(&Flags::help),
+  };
+  return *kFlags;
 }
 
-Flags ParseFlags(int argc, char** argv) {
+constexpr char kHelpHeader[] =
+    "usage: cpu_adam_bench [flags]\n"
+    "\n"
+    "CPU Adam (pipeoffload/adam.h) against the host's measured memory bandwidth, per ISA and\n"
+    "thread count: STREAM-like triad and adam-shaped passes, then CpuAdam params/s, GB/s and\n"
+    "% of the adam-shaped pass. Prints a markdown table (date, CPU, command) on stdout.\n";
+
+std::string HelpText() { return examples::FlagsHelpText(kHelpHeader, CpuAdamFlags()); }
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
-  flags.command = bench::CommandLine(argc, argv);
-  for (const auto& [name, value] : bench::SplitFlags(argc, argv)) {
-    if (name == "--params") {
-      flags.params = ParseInt(name, value, 1);
-    } else if (name == "--big") {
-      flags.params = std::int64_t{1} << 28;
-    } else if (name == "--smoke") {
-      flags.params = std::int64_t{1} << 16;
-      flags.reps = 1;
-      flags.warmup = 0;
-    } else if (name == "--threads") {
-      flags.threads = value;
-    } else if (name == "--isas") {
-      for (const std::string& isa_name : bench::SplitList(value)) {
-        bool known = false;
-        for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-          if (CpuIsaName(isa) == isa_name) {
-            known = true;
-            if (!CpuSupports(isa)) Usage("this CPU cannot run " + isa_name);
-            flags.isas.push_back(isa);
-          }
-        }
-        if (!known) Usage("unknown ISA '" + isa_name + "'");
-      }
-    } else if (name == "--bf16") {
-      if (value != "both" && value != "on" && value != "off") Usage("--bf16 wants both|on|off");
-      flags.bf16 = value;
-    } else if (name == "--grad") {
-      flags.bf16_grads.clear();
-      for (const std::string& item : bench::SplitList(value)) {
-        if (item != "fp32" && item != "bf16") Usage("--grad wants fp32, bf16 or fp32,bf16");
-        flags.bf16_grads.push_back(item == "bf16");
-      }
-      if (flags.bf16_grads.empty()) Usage("--grad names no gradient type");
-    } else if (name == "--master") {
-      flags.split_masters.clear();
-      for (const std::string& item : bench::SplitList(value)) {
-        if (item != "fp32" && item != "split") {
-          Usage("--master wants fp32, split or fp32,split");
-        }
-        flags.split_masters.push_back(item == "split");
-      }
-      if (flags.split_masters.empty()) Usage("--master names no master type");
-    } else if (name == "--reps") {
-      flags.reps = static_cast<int>(ParseInt(name, value, 1));
-    } else if (name == "--warmup") {
-      flags.warmup = static_cast<int>(ParseInt(name, value, 0));
-    } else if (name == "--json") {
-      flags.json_path = value;
-    } else if (name == "--skew") {
-      const std::vector<std::string> items = bench::SplitList(value);
-      if (items.size() != 5) Usage("--skew wants 5 cache-line counts: p,m,v,g,bf16");
-      for (std::size_t k = 0; k < 5; ++k) {
-        flags.skews[k] = static_cast<int>(ParseInt(name, items[k], 0));
-        if (flags.skews[k] > 63) Usage("--skew: at most 63 lines (one page)");
-      }
-    } else if (name == "--prefetch") {
-      flags.prefetch.clear();
-      for (const std::string& item : bench::SplitList(value)) {
-        flags.prefetch.push_back(static_cast<int>(ParseInt(name, item, -1)));
-      }
-      if (flags.prefetch.empty()) Usage("--prefetch names no distance");
-    } else if (name == "--no-stream") {
-      flags.stream = false;
-    } else {
-      Usage("unknown flag '" + name + "'");
-    }
-  }
+  flags.command = examples::CommandLine(argc, argv);
+  PO_RETURN_IF_ERROR(examples::ParseFlags(examples::FlagArgs(argc, argv), CpuAdamFlags(), flags));
   if (flags.isas.empty()) {
-    for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    for (CpuIsa isa : kIsas) {
       if (CpuSupports(isa)) flags.isas.push_back(isa);
     }
   }
@@ -185,19 +224,13 @@ Flags ParseFlags(int argc, char** argv) {
 }
 
 // Thread counts of --threads; `all` is what CpuAdam uses with threads = 0.
-std::vector<int> ThreadCounts(const std::string& spec, int all) {
+std::vector<int> ThreadCounts(const Flags& flags, int all) {
+  if (flags.threads == "list") return flags.thread_list;
   std::vector<int> counts;
-  if (spec == "all") {
-    counts.push_back(all);
-  } else if (spec == "sweep") {
+  if (flags.threads == "sweep") {
     for (int t = 1; t < all; t *= 2) counts.push_back(t);
-    counts.push_back(all);
-  } else {
-    for (const std::string& item : bench::SplitList(spec)) {
-      counts.push_back(static_cast<int>(ParseInt("--threads", item, 1)));
-    }
   }
-  if (counts.empty()) Usage("--threads names no thread count");
+  counts.push_back(all);
   return counts;
 }
 
@@ -427,12 +460,16 @@ std::string UtcNow() {
 }
 
 int Main(int argc, char** argv) {
-  const Flags flags = ParseFlags(argc, argv);
+  const absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
+  if (const std::optional<int> exit = examples::FlagsExitCode("cpu_adam_bench", parsed, HelpText)) {
+    return *exit;  // --help, or bad flags (2)
+  }
+  const Flags& flags = *parsed;
   auto probe = CpuAdam::Create();
   if (!probe.ok()) return 1;
   const int all = (*probe)->threads();
   probe->reset();
-  const std::vector<int> thread_counts = ThreadCounts(flags.threads, all);
+  const std::vector<int> thread_counts = ThreadCounts(flags, all);
   const int max_threads = *std::max_element(thread_counts.begin(), thread_counts.end());
 
   const bool any_bf16_grad =
@@ -455,7 +492,7 @@ int Main(int argc, char** argv) {
               any_split ? ", split lo" : "", flags.reps, flags.warmup);
 
   std::vector<StreamRow> stream;
-  if (flags.stream) {
+  if (!flags.no_stream) {
     std::printf("| threads | triad GB/s (12 B/elem) | adam-shaped GB/s (28 B/elem) |\n");
     std::printf("|---|---|---|\n");
     for (int t : thread_counts) {

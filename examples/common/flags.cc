@@ -1,10 +1,13 @@
-// Value parsers and help layout of the examples' flag parser (flags.h).
+// Value parsers, help layout and exit handling of the programs' flag parser (flags.h).
 #include "examples/common/flags.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+
+#include "absl/strings/str_split.h"
 
 namespace pipeoffload::examples {
 
@@ -73,6 +76,42 @@ absl::StatusOr<int> ParseFlagChoice(std::string_view flag, const std::string& te
   return BadFlagValue(flag, list, text);
 }
 
+absl::StatusOr<std::vector<int>> ParseFlagChoices(std::string_view flag, const std::string& text,
+                                                  const std::vector<std::string_view>& names) {
+  const std::vector<std::string> items = absl::StrSplit(text, ',', absl::SkipEmpty());
+  std::vector<int> indices;
+  for (const std::string& item : items) {
+    const auto it = std::find(names.begin(), names.end(), item);
+    if (it == names.end()) break;
+    indices.push_back(static_cast<int>(it - names.begin()));
+  }
+  if (items.empty() || indices.size() != items.size()) {
+    std::string list;
+    for (const std::string_view name : names) {
+      absl::StrAppend(&list, list.empty() ? "" : ", ", std::string(name));
+    }
+    return BadFlagValue(flag, absl::StrCat("a comma-separated list of ", list), text);
+  }
+  return indices;
+}
+
+absl::StatusOr<std::vector<std::int64_t>> ParseFlagInts(std::string_view flag,
+                                                        const std::string& text, std::int64_t lo,
+                                                        std::int64_t hi) {
+  const std::vector<std::string> items = absl::StrSplit(text, ',', absl::SkipEmpty());
+  std::vector<std::int64_t> values;
+  for (const std::string& item : items) {
+    absl::StatusOr<std::int64_t> value = ParseFlagInt(flag, item, lo, hi);
+    if (!value.ok()) break;
+    values.push_back(*value);
+  }
+  if (items.empty() || values.size() != items.size()) {
+    return BadFlagValue(
+        flag, absl::StrCat("a comma-separated list of integers in [", lo, ", ", hi, "]"), text);
+  }
+  return values;
+}
+
 std::string FlagHelpLines(const std::vector<std::pair<std::string, std::string_view>>& entries) {
   constexpr std::size_t kHelpColumn = 27;  // where each flag's text starts
   constexpr std::size_t kWidth = 100;      // wrap the text at this column
@@ -97,6 +136,32 @@ std::string FlagHelpLines(const std::vector<std::pair<std::string, std::string_v
     text += line;
   }
   return text;
+}
+
+std::vector<std::string> FlagArgs(int argc, char** argv) {
+  return argc > 1 ? std::vector<std::string>(argv + 1, argv + argc) : std::vector<std::string>();
+}
+
+std::string CommandLine(int argc, char** argv) {
+  std::string command;
+  for (int i = 0; i < argc; ++i) absl::StrAppend(&command, i == 0 ? "" : " ", argv[i]);
+  return command;
+}
+
+std::optional<int> FlagsExitCode(std::string_view program, const absl::Status& parsed, bool help,
+                                 const std::function<std::string()>& help_text) {
+  if (!parsed.ok()) {
+    const std::string message(parsed.message());
+    std::fprintf(stderr, "%.*s: %s%s\n", static_cast<int>(program.size()), program.data(),
+                 message.c_str(),
+                 message.find("--help") == std::string::npos ? " (see --help)" : "");
+    return kExitUsage;
+  }
+  if (help) {
+    std::fputs(help_text().c_str(), stdout);
+    return 0;
+  }
+  return std::nullopt;
 }
 
 }  // namespace pipeoffload::examples

@@ -23,6 +23,7 @@
 // Flags: --params=N (2e9)  --subgroup=N (2^24)  --steps=N (3)  --warmup=N (1)
 //        --share-step=X (0.1)  --static=0.25,0.5 (empty: none)  --no-gpu  --threads=N (0: all)
 //        --calib-params=N (2^26)  --smoke (2^22 params, 2^18 subgroups, 1 step)
+//        --help lists them (the table OffloadBenchFlags); bad flags exit 2.
 // Prints markdown on stdout.
 #include <cuda_runtime_api.h>
 
@@ -33,12 +34,14 @@
 #include <cstdlib>
 #include <ctime>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "bench/optim/bench_flags.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "examples/common/flags.h"
 #include "lib/backend/cuda/cuda_check.h"
 #include "lib/optim/update_calibration.h"
 #include "lib/optim/update_model.h"
@@ -58,65 +61,70 @@ struct Flags {
   int warmup = 1;
   double share_step = 0.1;
   std::vector<double> statics = {0.25, 0.5};
-  bool gpu = true;
+  bool no_gpu = false;
   int threads = 0;
   std::int64_t calib_params = std::int64_t{1} << 26;
   std::string command;
+  bool help = false;
 };
 
-[[noreturn]] void Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "optim_offload_bench: %s\nusage: optim_offload_bench [--params=N] [--subgroup=N] "
-               "[--steps=N] [--warmup=N] [--share-step=X] [--static=0.25,0.5] [--no-gpu] "
-               "[--threads=N] [--calib-params=N] [--smoke]\n",
-               why.c_str());
-  std::exit(2);
+using Flag = examples::FlagDef<Flags>;
+
+// Counts take a number (2e9 as well as 2000000000), as they always have.
+constexpr double kMaxCount = 1e15;
+
+const std::vector<Flag>& OffloadBenchFlags() {
+  using examples::RealFlag;
+  static const auto* const kFlags = new std::vector<Flag>{
+      RealFlag("params", "N", "parameters (default 2e9).", &Flags::params, 1, kMaxCount),
+      RealFlag("subgroup", "N", "parameters per subgroup (default 2^24).", &Flags::subgroup, 1,
+               kMaxCount),
+      RealFlag("steps", "N", "timed optimizer steps per configuration (default 3).",
+               &Flags::steps, 1, 1e6),
+      RealFlag("warmup", "N", "untimed steps before them (default 1).", &Flags::warmup, 0, 1e6),
+      RealFlag("share-step", "X", "the interleaved sweep's step of r (default 0.1).",
+               &Flags::share_step, 0.001, 1e6),
+      {"static", "S,S,...",
+       "static shares to run, each in [0, 1] (default 0.25,0.5; empty: none).",
+       [](Flags& f, const std::string& value) -> absl::Status {
+         f.statics.clear();
+         for (const absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+           PO_ASSIGN_OR_RETURN(const double share,
+                               examples::ParseFlagDouble("static", std::string(item), 0.0, 1.0));
+           f.statics.push_back(share);
+         }
+         return absl::OkStatus();
+       }},
+      examples::SwitchFlag("no-gpu", "skip the all-GPU configuration.", &Flags::no_gpu),
+      RealFlag("threads", "N", "CPU Adam threads (default 0: all).", &Flags::threads, 0, 1e6),
+      RealFlag("calib-params", "N", "parameters of the calibration runs (default 2^26).",
+               &Flags::calib_params, 1024, kMaxCount),
+      {"smoke", "", "2^22 params, 2^18 subgroups, 1 step, 2^20 calibration params.",
+       [](Flags& f, const std::string&) {
+         f.params = std::int64_t{1} << 22;
+         f.subgroup = std::int64_t{1} << 18;
+         f.steps = 1;
+         f.calib_params = std::int64_t{1} << 20;
+         return absl::OkStatus();
+       }},
+      examples::HelpFlag(&Flags::help),
+  };
+  return *kFlags;
 }
 
-double ParseNumber(const std::string& name, const std::string& value, double min) {
-  char* end = nullptr;
-  const double x = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || !(x >= min))
-    Usage(name + " wants a number >= " + std::to_string(min));
-  return x;
-}
+constexpr char kHelpHeader[] =
+    "usage: optim_offload_bench [flags]\n"
+    "\n"
+    "The update phase of the optimizer-state offload, measured and predicted, for every\n"
+    "placement of the state: interleaved r (swept by --share-step, plus the model's best r),\n"
+    "static s (--static), all on the GPU. Prints markdown on stdout; exits 77 without a GPU.\n";
 
-Flags ParseFlags(int argc, char** argv) {
+std::string HelpText() { return examples::FlagsHelpText(kHelpHeader, OffloadBenchFlags()); }
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
-  f.command = bench::CommandLine(argc, argv);
-  for (const auto& [name, value] : bench::SplitFlags(argc, argv)) {
-    if (name == "--params") {
-      f.params = static_cast<std::int64_t>(ParseNumber(name, value, 1));
-    } else if (name == "--subgroup") {
-      f.subgroup = static_cast<std::int64_t>(ParseNumber(name, value, 1));
-    } else if (name == "--steps") {
-      f.steps = static_cast<int>(ParseNumber(name, value, 1));
-    } else if (name == "--warmup") {
-      f.warmup = static_cast<int>(ParseNumber(name, value, 0));
-    } else if (name == "--share-step") {
-      f.share_step = ParseNumber(name, value, 0.001);
-    } else if (name == "--static") {
-      f.statics.clear();
-      for (const std::string& item : bench::SplitList(value)) {
-        const double s = ParseNumber(name, item, 0.0);
-        if (s > 1.0) Usage("--static shares must be in [0, 1]");
-        f.statics.push_back(s);
-      }
-    } else if (name == "--no-gpu") {
-      f.gpu = false;
-    } else if (name == "--threads") {
-      f.threads = static_cast<int>(ParseNumber(name, value, 0));
-    } else if (name == "--calib-params") {
-      f.calib_params = static_cast<std::int64_t>(ParseNumber(name, value, 1024));
-    } else if (name == "--smoke") {
-      f.params = std::int64_t{1} << 22;
-      f.subgroup = std::int64_t{1} << 18;
-      f.steps = 1;
-      f.calib_params = std::int64_t{1} << 20;
-    } else {
-      Usage("unknown flag " + name);
-    }
-  }
+  f.command = examples::CommandLine(argc, argv);
+  PO_RETURN_IF_ERROR(examples::ParseFlags(examples::FlagArgs(argc, argv), OffloadBenchFlags(), f));
   return f;
 }
 
@@ -247,7 +255,12 @@ OptimizerOffloadOptions EngineOptions(const Flags& flags, OffloadMode mode, doub
 }
 
 int Main(int argc, char** argv) {
-  const Flags flags = ParseFlags(argc, argv);
+  const absl::StatusOr<Flags> parsed = ParseFlags(argc, argv);
+  if (const std::optional<int> exit =
+          examples::FlagsExitCode("optim_offload_bench", parsed, HelpText)) {
+    return *exit;  // --help, or bad flags (2)
+  }
+  const Flags& flags = *parsed;
   const SubgroupLayout layout{flags.params, flags.subgroup};
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -368,7 +381,7 @@ int Main(int argc, char** argv) {
     MeasureRounds(flags, **engine, grads, one);
     rows.push_back(one.front());
   }
-  if (flags.gpu) {
+  if (!flags.no_gpu) {
     auto engine = OptimizerOffload::Create(
         **backend, EngineOptions(flags, OffloadMode::kGpu, 1.0), initial, device_params);
     if (!engine.ok()) {
