@@ -3,12 +3,14 @@
 // Validation and simulation run once per schedule: the offload planner validates and simulates
 // every plan it emits (its check, offload_planner.cc step 4) and hands back that simulation's
 // predictions (PlanOffloadOfLowered), so only a schedule without offload is validated and
-// simulated here. Debug builds validate the planner's result again.
+// simulated here (predictions only: nothing reads the memory samples of a compile). Debug builds
+// validate the planner's result again.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/check.h"
 #include "lib/base/status_macros.h"
+#include "lib/sim/simulate_parts.h"
 #include "lib/sim/sim_cost_check.h"
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/simulate.h"
@@ -56,7 +58,14 @@ absl::StatusOr<Schedule> CompileOrder(const PipelineSpec& spec, const CostModel&
       return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
                                               std::string(valid.message())));
     }
-    PO_ASSIGN_OR_RETURN(Timeline timeline, Simulate(lowered, cost));
+    // Only the predictions are kept: no memory samples (Simulate's kFull builds one per op,
+    // for a million ops, to be thrown away). Without transfer ops (no offload here, and
+    // recompute adds none) Simulate's second run does not happen, so the predictions are
+    // Simulate's.
+    PO_ASSIGN_OR_RETURN(
+        Timeline timeline,
+        internal::SimulateOnce(lowered, cost, internal::SimulateDetail::kPredictions));
+    PO_DCHECK(!internal::HasTransfers(lowered));
     lowered.predictions = std::move(timeline.predictions);
     return lowered;
   }

@@ -78,7 +78,7 @@ bool CoverPoint(LinkGroupPlan& group, int member, const ProgramKey& at) {
   plan.ResidentEntries(at, &resident);
   const std::vector<int>& rank = group.rank[member];
   for (const int e : resident) {
-    if (rank[e] < 0 || plan.placement(e) || !group.Affordable(member, e)) continue;
+    if (!group.Open(member, e)) continue;
     const std::optional<Placement> p = group.Find(member, e);
     if (!p || !plan.Covers(*p, at)) continue;
     if (!best || plan.ReloadKey(*best) < plan.ReloadKey(*p) ||
@@ -266,8 +266,13 @@ void PrepareChoices(const PipelineSpec& spec, double share, LinkGroupPlan& group
     // The relative slack absorbs rounding in fraction * total (e.g. 0.3 * 10 entries).
     group.budget.push_back(std::isinf(ask) ? ask : ask * (1.0 + 1e-12));
     std::vector<int> rank(entries.size(), -1);
-    for (int i = 0; i < static_cast<int>(order.size()); ++i) rank[order[i]] = i;
+    std::vector<std::int64_t> open(entries.size(), -1);
+    for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+      rank[order[i]] = i;
+      open[order[i]] = entries[order[i]].bytes;
+    }
     group.rank.push_back(std::move(rank));
+    group.open.push_back(std::move(open));
     group.order.push_back(std::move(order));
   }
 }

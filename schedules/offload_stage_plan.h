@@ -331,7 +331,7 @@ class StagePlan {
   PeakPoint Peak() const {
     const Segment& root = tree_[1];
     if (root.best <= 0) return PeakPoint{0, BaselineKey(0)};
-    return PeakPoint{root.best, root.at};
+    return PeakPoint{root.best, KeyAt(root)};
   }
 
   // Calls visit(entry) for every entry whose lifetime [forward_end, use_start] meets [a, b],
@@ -562,39 +562,54 @@ class StagePlan {
   // baseline op): each node holds its segment's net change and its highest running total
   // (over non-empty prefixes) with the first point that reaches it, so the peak of the whole
   // program is the root's and a commit updates two leaves.
+  // The point is held as (gap, place in the gap, -1 for its baseline op), not as its
+  // ProgramKey: a node is then 24 bytes instead of 48, and the tree (two nodes per gap, 3 MB a
+  // stage at p=64 m=512 v=4 as keys) is what every commit walks and every copy of a link
+  // group's plan copies. A place stays right: an insert into gap j moves places in j only, and
+  // updates leaf j and every node above it, the only ones that can hold a point of gap j.
   struct Segment {
     std::int64_t sum = 0;
     std::int64_t best = std::numeric_limits<std::int64_t>::min() / 4;
-    ProgramKey at;
+    int gap = 0;
+    int place = -1;
   };
+  ProgramKey KeyAt(const Segment& segment) const {
+    return segment.place < 0 ? BaselineKey(segment.gap) : gaps_[segment.gap][segment.place].key;
+  }
   static Segment Combine(const Segment& a, const Segment& b) {
     Segment out;
     out.sum = a.sum + b.sum;
     if (a.best >= a.sum + b.best) {
       out.best = a.best;
-      out.at = a.at;
+      out.gap = a.gap;
+      out.place = a.place;
     } else {
       out.best = a.sum + b.best;
-      out.at = b.at;
+      out.gap = b.gap;
+      out.place = b.place;
     }
     return out;
   }
   void UpdateGap(int j) {
     Segment leaf;
     std::int64_t running = 0;
-    for (const InsertedOp& ins : gaps_[j]) {
+    const std::vector<InsertedOp>& gap = gaps_[j];
+    for (int k = 0; k < static_cast<int>(gap.size()); ++k) {
+      const InsertedOp& ins = gap[k];
       if (ins.entry < 0) continue;
       if (ins.op.kind == OpKind::kRelease) running -= entries_[ins.entry].bytes;
       if (ins.op.kind == OpKind::kReload) running += entries_[ins.entry].bytes;
       if (running > leaf.best) {
         leaf.best = running;
-        leaf.at = ins.key;
+        leaf.gap = j;
+        leaf.place = k;
       }
     }
     if (j < num_ops()) {
       if (running + baseline_peak_[j] > leaf.best) {
         leaf.best = running + baseline_peak_[j];
-        leaf.at = BaselineKey(j);
+        leaf.gap = j;
+        leaf.place = -1;
       }
       running += baseline_delta_[j];
     }
@@ -614,7 +629,8 @@ class StagePlan {
       leaf.sum = j < num_ops() ? baseline_delta_[j] : 0;
       if (j < num_ops()) {
         leaf.best = baseline_peak_[j];
-        leaf.at = BaselineKey(j);
+        leaf.gap = j;
+        leaf.place = -1;
       }
     }
     for (int node = leaves_ - 1; node >= 1; --node) {
