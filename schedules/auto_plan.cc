@@ -41,7 +41,10 @@
 // depends on the incumbent, which the replay decides. So the result, the log, the candidates
 // counted and the judge's calls are the sequential search's whatever the number of threads; a
 // thread only guesses which orders are wanted, to search them ahead (a wrong guess costs time,
-// never the result).
+// never the result). An order is lowered once (LowerOrder: its compute order, comm lowering and
+// baseline simulation), for its plain plan and its offload shares alike (CompileLowered); the
+// lowering is kept from the plain plan to the order's search by at most kOrdersInFlight orders
+// at once, and freed when its search ends.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -193,6 +196,9 @@ struct OrderSearch {
   const CostModel& cost;  // re-chunked for order.v
   Order order;
   std::vector<Event> events;
+  // The order lowered for its offload shares (CompileOffloadShare), while they are compiled.
+  std::optional<LoweredOrder> lowered;
+  bool lowering_failed = false;
 
   // Compiles `order` with share kShares[index], recompute as spec.recompute = `recompute` and
   // `recompute_fraction` would choose, or per entry as `choice` says when it is not null;
@@ -212,9 +218,10 @@ struct OrderSearch {
     candidate.offload_fraction = share.policy == OffloadPolicy::kSelective ? share.fraction : 0.0;
     candidate.offload_chunks = 0;
     candidate.strict = false;
-    absl::StatusOr<Schedule> compiled = choice != nullptr
-                                            ? CompileWithRecompute(candidate, cost, *choice)
-                                            : Compile(candidate, cost);
+    absl::StatusOr<Schedule> compiled =
+        choice != nullptr ? CompileWithRecompute(candidate, cost, *choice)
+        : recompute == Recompute::kNone ? CompileOffloadShare(candidate)
+            : Compile(candidate, cost);
     *name = absl::StrCat(OrderName(order, compiled.ok() ? compiled->spec.group_size : order.g),
                          ", offload ", share.name);
     if (recompute != Recompute::kNone) {
@@ -231,6 +238,19 @@ struct OrderSearch {
     events.push_back(
         {Event::Kind::kTried, *name, MaxPeak(*compiled->predictions), "", std::nullopt});
     return *std::move(compiled);
+  }
+
+  // Compile(candidate, cost) for one of the order's offload shares (none included), on the
+  // order lowered once for all of them (LowerOrder: its lowering and baseline simulation are
+  // the same for every share), or compiled whole should the order not lower.
+  absl::StatusOr<Schedule> CompileOffloadShare(const PipelineSpec& candidate) {
+    if (!lowered && !lowering_failed) {
+      absl::StatusOr<LoweredOrder> made = LowerOrder(candidate, cost);
+      lowering_failed = !made.ok();
+      if (made.ok()) lowered = *std::move(made);
+    }
+    if (!lowered) return Compile(candidate, cost);
+    return CompileLowered(candidate, cost, &*lowered);
   }
 
   bool Fits(const Schedule& schedule) const { return FitsBudget(schedule, spec); }
@@ -250,6 +270,7 @@ struct OrderSearch {
   // offload a bisection over the shares between finds the smallest that fits.
   void Run() {
     std::optional<Schedule> full_offload = TryOffloadShares();
+    lowered.reset();  // the shares are done: what follows recomputes, which lowers anew
     TryRecompute();
     if (full_offload && spec.recompute != Recompute::kNone) {
       for (const MixCover cover : {MixCover::kPeak, MixCover::kPlateau}) {
@@ -380,6 +401,8 @@ struct OrderRun {
   const CostModel* cost = nullptr;  // re-chunked for order.v
   std::vector<Event> plain_events;
   std::optional<Schedule> plain;  // without a judge, of one that does not fit: no programs
+  // The order's lowering, kept from its plain plan for its offload shares (OrderScheduler).
+  std::optional<LoweredOrder> lowered;
   std::string plain_name;
   std::optional<std::vector<Event>> searched;
 };
@@ -417,7 +440,8 @@ struct Search {
     if (FitsBudget(*run.plain, spec)) return Consider(*std::move(run.plain), run.plain_name);
     run.plain.reset();
     if (!run.searched) {
-      OrderSearch search{spec, *run.cost, run.order, {}};
+      OrderSearch search{spec, *run.cost, run.order, {}, std::move(run.lowered)};
+      run.lowered.reset();
       search.Run();
       run.searched = search.TakeEvents();
     }
@@ -515,6 +539,7 @@ class OrderScheduler {
     std::int64_t ops = 0;              // the plain plan's: how long its search will take
     SearchState search = SearchState::kNone;
     bool taken = false;  // by the replay, which searches it itself if it must
+    bool held = false;   // run.lowered was kept (counted in held_) until its search ends
   };
   struct Task {
     int order;
@@ -529,10 +554,13 @@ class OrderScheduler {
         lock.unlock();
         if (task.search) {
           Slot& slot = slots_[task.order];
-          OrderSearch search{spec_, slot.cost, slot.run.order, {}};
+          OrderSearch search{spec_, slot.cost, slot.run.order, {}, std::move(slot.run.lowered)};
+          slot.run.lowered.reset();
           search.Run();
           std::vector<Event> events = search.TakeEvents();
+          search.lowered.reset();
           lock.lock();
+          if (slot.held) --held_;
           slot.run.searched = std::move(events);
           slot.search = SearchState::kDone;
         } else {
@@ -566,6 +594,18 @@ class OrderScheduler {
       // its programs need not wait for the replay beside the other orders'.
       if (!judged_ && !FitsBudget(*plain, spec_)) std::vector<StageProgram>().swap(plain->stages);
     }
+    // An order whose plain plan does not fit may be searched: its lowering is kept for its
+    // offload shares, by at most kOrdersInFlight orders at once (each is a few copies of the
+    // lowering), until its search ends.
+    if (!plain || FitsBudget(*plain, spec_)) search.lowered.reset();
+    lock.lock();
+    if (search.lowered && held_ < kOrdersInFlight) {
+      slot.run.lowered = std::move(search.lowered);
+      slot.held = true;
+      ++held_;
+    }
+    lock.unlock();
+    search.lowered.reset();  // not kept: freed outside the lock
     lock.lock();
     if (plain) slot.plain_step = plain->predictions->step_time;
     slot.run.plain = std::move(plain);
@@ -635,6 +675,7 @@ class OrderScheduler {
         search_.ReplayOrder(run);
       }  // what the incumbent did not take is freed outside the lock
       lock.lock();
+      if (slot.held && slot.search == SearchState::kNone) --held_;
       ++replayed_;
       if (search_.best) known_best_ = search_.best_step;
       changed_.notify_all();
@@ -650,6 +691,7 @@ class OrderScheduler {
   // Guarded by mu_ (a slot's run also while its search runs: only that thread touches it).
   std::vector<Slot> slots_;
   int next_plain_ = 0, plains_running_ = 0, replayed_ = 0;
+  int held_ = 0;  // slots whose run.lowered is kept, or whose search holds it
   bool replaying_ = false, failed_ = false;
   std::optional<double> known_best_;  // search_.best_step as of the last replayed order
 };

@@ -88,6 +88,54 @@ absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost
 
 namespace internal {
 
+absl::StatusOr<LoweredOrder> LowerOrder(const PipelineSpec& spec, const CostModel& cost) {
+  if (spec.offload == OffloadPolicy::kAuto || spec.recompute != Recompute::kNone) {
+    return absl::InvalidArgumentError(
+        "LowerOrder: the spec names a concrete offload policy and recompute none");
+  }
+  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
+  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
+  PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
+  PO_ASSIGN_OR_RETURN(const Schedule order, BuildComputeOrder(resolved, cost));
+  PO_ASSIGN_OR_RETURN(Schedule lowered, LowerCommunication(order));
+  return MakeLoweredOrder(std::move(lowered), cost);
+}
+
+absl::StatusOr<Schedule> CompileLowered(const PipelineSpec& spec, const CostModel& cost,
+                                        LoweredOrder* order) {
+  if (spec.offload == OffloadPolicy::kAuto || spec.recompute != Recompute::kNone) {
+    return absl::InvalidArgumentError(
+        "CompileLowered: the spec names a concrete offload policy and recompute none");
+  }
+  // As CompileOrder, up to the passes the order has made already.
+  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
+  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
+  PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
+  PipelineSpec as_ordered = order->lowered.spec;
+  as_ordered.offload = resolved.offload;
+  as_ordered.offload_fraction = resolved.offload_fraction;
+  as_ordered.offload_chunks = resolved.offload_chunks;
+  if (!(as_ordered == resolved)) {
+    return absl::InvalidArgumentError(
+        "CompileLowered: the spec differs from the lowered order's in more than its offload "
+        "fields");
+  }
+  if (resolved.offload == OffloadPolicy::kNone) {
+    // CompileOrder's plan without offload: the lowering, validated, with its predictions.
+    Schedule lowered = order->lowered;
+    lowered.spec = resolved;
+    if (absl::Status valid = Validate(lowered); !valid.ok()) {
+      return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
+                                              std::string(valid.message())));
+    }
+    lowered.predictions = order->baseline;
+    return lowered;
+  }
+  PO_ASSIGN_OR_RETURN(Schedule planned, PlanOffloadOfLoweredOrder(order, resolved, cost));
+  PO_DCHECK(planned.predictions.has_value() && Validate(planned).ok());
+  return planned;
+}
+
 absl::StatusOr<Schedule> CompileWithRecompute(const PipelineSpec& spec, const CostModel& cost,
                                               const RecomputeChoice& choice) {
   if (spec.offload == OffloadPolicy::kAuto || spec.recompute != Recompute::kNone) {

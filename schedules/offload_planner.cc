@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -61,6 +62,7 @@
 #include "pipeoffload/validate.h"
 #include "schedules/offload_barriers.h"
 #include "schedules/offload_choice.h"
+#include "schedules/offload_planner.h"
 #include "schedules/offload_policy.h"
 #include "schedules/offload_stage_plan.h"
 #include "schedules/slot_occupancy.h"
@@ -502,57 +504,64 @@ std::optional<Candidate> GatedCandidate(const Schedule& lowered, const CostModel
   return gated;
 }
 
-// PlanOffload and PlanOffloadOfLowered. With `input_validated`, `lowered_in` is known to pass
-// Validate (Compile's own lowering), so it is validated only where it is returned as it is.
-absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostModel& cost,
-                                         bool input_validated) {
-  const PipelineSpec& spec = lowered_in.spec;
-  if (spec.offload == OffloadPolicy::kNone) return lowered_in;
-  PO_RETURN_IF_ERROR(CheckRequest(lowered_in, cost));
-  if (!input_validated) {
-    if (absl::Status valid = Validate(lowered_in); !valid.ok()) {
-      return Annotate(valid, "PlanOffload: the lowered schedule is not valid");
-    }
+// `lowered`, Compile's own lowering, returned as it is: a schedule we emit that fails
+// validation is our bug, not the user's.
+absl::Status ValidatedLowering(const Schedule& lowered) {
+  if (absl::Status valid = Validate(lowered); !valid.ok()) {
+    return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
+                                            std::string(valid.message())));
   }
-  // Where the result is the lowered schedule itself, no check below has validated it.
-  const auto validated_input = [&]() -> absl::Status {
-    if (!input_validated) return absl::OkStatus();
-    if (absl::Status valid = Validate(lowered_in); !valid.ok()) {
-      return absl::InternalError(absl::StrCat("compiler emitted an invalid schedule: ",
-                                              std::string(valid.message())));
-    }
-    return absl::OkStatus();
-  };
-  // Simulate's predictions (the lowered schedule has no transfers: CheckRequest, so there is no
-  // second run), without the memory samples, which nothing here reads.
+  return absl::OkStatus();
+}
+
+// The selective policy with nothing to offload: `lowered_in` as it is, with the baseline's
+// predictions and a warning saying so.
+Schedule NothingSelected(const Schedule& lowered_in, const Predictions& base) {
+  Schedule out = lowered_in;
+  out.predictions = base;
+  out.predictions->warnings.push_back(
+      "offload selective: offload_fraction and offload_chunks are both 0, so nothing is "
+      "offloaded");
+  return out;
+}
+
+bool SelectsNothing(const PipelineSpec& spec) {
+  return spec.offload == OffloadPolicy::kSelective && spec.offload_chunks == 0 &&
+         spec.offload_fraction == 0.0;
+}
+
+// Step 0 of the file comment: simulates `lowered_in` (Simulate's predictions: the lowered
+// schedule has no transfers, CheckRequest, so there is no second run; without the memory
+// samples, which nothing here reads) and posts each SEND/RECV at its transfer. Fills *base,
+// *posted and *posted_times (the baseline's op times, permuted as *posted is); *posted is
+// `lowered_in` itself where posting would not keep every RECV first.
+absl::Status PostBaseline(const Schedule& lowered_in, const CostModel& cost, Predictions* base,
+                          Schedule* posted, Timeline* posted_times) {
   absl::StatusOr<Timeline> baseline =
       internal::SimulateOnce(lowered_in, cost, internal::SimulateDetail::kPredictions);
   if (!baseline.ok()) {
     return Annotate(baseline.status(), "PlanOffload: simulating the lowered schedule");
   }
-  if (spec.offload == OffloadPolicy::kSelective && spec.offload_chunks == 0 &&
-      spec.offload_fraction == 0.0) {
-    PO_RETURN_IF_ERROR(validated_input());
-    Schedule out = lowered_in;
-    out.predictions = baseline->predictions;
-    out.predictions->warnings.push_back(
-        "offload selective: offload_fraction and offload_chunks are both 0, so nothing is "
-        "offloaded");
-    return out;
-  }
-  // Post each SEND/RECV at its transfer (PostAtTransfers): the same timeline, permuted.
-  Timeline posted_times;
-  Schedule lowered = internal::PostAtTransfers(lowered_in, *baseline, &posted_times);
-  if (!internal::ReceivesFirst(lowered)) {
+  *posted = internal::PostAtTransfers(lowered_in, *baseline, posted_times);
+  if (!internal::ReceivesFirst(*posted)) {
     // Zero-time ops can tie so that no order by time keeps every consumer after its RECV;
     // plan the lowered order then (its BARRIERs may not come out deadlock-free: Check says).
-    lowered = lowered_in;
-    posted_times.stages = std::move(baseline->stages);
+    *posted = lowered_in;
+    posted_times->stages = std::move(baseline->stages);
   }
-  // From here on only the baseline's predictions are needed: free its op times.
-  baseline->stages = {};
-  const Predictions& base = baseline->predictions;
+  *base = std::move(baseline->predictions);
+  return absl::OkStatus();
+}
 
+// Steps 1 to 4 of the file comment, on the baseline PostBaseline made of `lowered_in`
+// (`lowered` is its posted schedule). REQUIRES: CheckRequest passed, spec.offload is not kNone
+// and the spec does not select nothing. `validated_input` validates `lowered_in` where it is
+// returned as it is.
+absl::StatusOr<Schedule> PlanOnBaseline(
+    const Schedule& lowered_in, const CostModel& cost, const Predictions& base,
+    const Schedule& lowered, const Timeline& posted_times,
+    const std::function<absl::Status()>& validated_input) {
+  const PipelineSpec& spec = lowered_in.spec;
   // Plan two ways and keep the better plan that passes its check by simulation: on the lowered
   // timeline as it is, and on the one where warm-up forwards wait for the D2H of the entry
   // before them (GatedWarmup), which the links of a group can carry when the plain warm-up
@@ -611,6 +620,38 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
   return planned;
 }
 
+// PlanOffload and PlanOffloadOfLowered. With `input_validated`, `lowered_in` is known to pass
+// Validate (Compile's own lowering), so it is validated only where it is returned as it is.
+absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostModel& cost,
+                                         bool input_validated) {
+  const PipelineSpec& spec = lowered_in.spec;
+  if (spec.offload == OffloadPolicy::kNone) return lowered_in;
+  PO_RETURN_IF_ERROR(CheckRequest(lowered_in, cost));
+  if (!input_validated) {
+    if (absl::Status valid = Validate(lowered_in); !valid.ok()) {
+      return Annotate(valid, "PlanOffload: the lowered schedule is not valid");
+    }
+  }
+  // Where the result is the lowered schedule itself, no check below has validated it.
+  const auto validated_input = [&]() -> absl::Status {
+    return input_validated ? ValidatedLowering(lowered_in) : absl::OkStatus();
+  };
+  if (SelectsNothing(spec)) {
+    absl::StatusOr<Timeline> baseline =
+        internal::SimulateOnce(lowered_in, cost, internal::SimulateDetail::kPredictions);
+    if (!baseline.ok()) {
+      return Annotate(baseline.status(), "PlanOffload: simulating the lowered schedule");
+    }
+    PO_RETURN_IF_ERROR(validated_input());
+    return NothingSelected(lowered_in, baseline->predictions);
+  }
+  Predictions base;
+  Schedule lowered;
+  Timeline posted_times;
+  PO_RETURN_IF_ERROR(PostBaseline(lowered_in, cost, &base, &lowered, &posted_times));
+  return PlanOnBaseline(lowered_in, cost, base, lowered, posted_times, validated_input);
+}
+
 }  // namespace
 
 absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered, const CostModel& cost) {
@@ -621,6 +662,31 @@ namespace internal {
 
 absl::StatusOr<Schedule> PlanOffloadOfLowered(const Schedule& lowered, const CostModel& cost) {
   return PlanOffloadImpl(lowered, cost, /*input_validated=*/true);
+}
+
+absl::StatusOr<LoweredOrder> MakeLoweredOrder(Schedule lowered, const CostModel& cost) {
+  LoweredOrder order;
+  PO_RETURN_IF_ERROR(
+      PostBaseline(lowered, cost, &order.baseline, &order.posted, &order.posted_times));
+  order.lowered = std::move(lowered);
+  return order;
+}
+
+absl::StatusOr<Schedule> PlanOffloadOfLoweredOrder(LoweredOrder* order,
+                                                   const PipelineSpec& resolved,
+                                                   const CostModel& cost) {
+  order->lowered.spec = resolved;
+  order->posted.spec = resolved;
+  const Schedule& lowered_in = order->lowered;
+  if (resolved.offload == OffloadPolicy::kNone) return lowered_in;
+  PO_RETURN_IF_ERROR(CheckRequest(lowered_in, cost));
+  const auto validated_input = [&] { return ValidatedLowering(lowered_in); };
+  if (SelectsNothing(resolved)) {
+    PO_RETURN_IF_ERROR(validated_input());
+    return NothingSelected(lowered_in, order->baseline);
+  }
+  return PlanOnBaseline(lowered_in, cost, order->baseline, order->posted, order->posted_times,
+                        validated_input);
 }
 
 }  // namespace internal

@@ -10,6 +10,7 @@
 #include "pipeoffload/compiler.h"
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
+#include "pipeoffload/simulate.h"
 
 namespace pipeoffload::internal {
 
@@ -22,6 +23,45 @@ namespace pipeoffload::internal {
 // is, fails validation after all (a compiler bug).
 [[nodiscard]] absl::StatusOr<Schedule> PlanOffloadOfLowered(const Schedule& lowered,
                                                             const CostModel& cost);
+
+// One order lowered once for several offload plans of it (auto's shares of one order): what
+// PlanOffloadOfLowered computes before it plans, which depends on the lowering only (not on the
+// spec's offload fields): the simulation of the lowered schedule, and that schedule with every
+// SEND/RECV posted at its transfer. About three copies of the lowering in size (the posted
+// program and its op times), so it is kept only while its order's plans are made.
+struct LoweredOrder {
+  Schedule lowered;      // Compile's lowering; its spec is that of the last plan made on it
+  Predictions baseline;  // SimulateOnce(lowered)'s, which has no transfers: Simulate's
+  Schedule posted;       // `lowered` posted at its transfers (or `lowered`, should that not
+                         // keep every RECV before its consumer)
+  Timeline posted_times;  // the baseline's op times, in `posted`'s order
+};
+
+// LoweredOrder of `lowered` (REQUIRES: as for PlanOffloadOfLowered). Errors: those of Simulate.
+[[nodiscard]] absl::StatusOr<LoweredOrder> MakeLoweredOrder(Schedule lowered,
+                                                            const CostModel& cost);
+
+// PlanOffloadOfLowered(lowered with spec `resolved`, cost) for order->lowered, bit for bit,
+// without simulating or posting it again. REQUIRES: `resolved` is order->lowered.spec but for
+// its offload fields, and `cost` the model the order was made with; sets both schedules' spec
+// to `resolved`. Not thread-safe on one order.
+[[nodiscard]] absl::StatusOr<Schedule> PlanOffloadOfLoweredOrder(LoweredOrder* order,
+                                                                 const PipelineSpec& resolved,
+                                                                 const CostModel& cost);
+
+// Compile's passes up to the offload planner for `spec` (REQUIRES: its offload is not kAuto,
+// recompute kNone), and the order they make: CompileLowered makes spec's plans of other offload
+// fields from it. Errors: those of Compile before the offload planner, and of Simulate.
+[[nodiscard]] absl::StatusOr<LoweredOrder> LowerOrder(const PipelineSpec& spec,
+                                                      const CostModel& cost);
+
+// Compile(spec, cost), bit for bit, on `order` (LowerOrder of a spec that differs from `spec`
+// in its offload fields at most; the caller keeps to that). Errors: those of Compile, and
+// InvalidArgument when spec.offload is kAuto or spec.recompute is not kNone, or when `spec`
+// resolves to another order than `order`'s.
+[[nodiscard]] absl::StatusOr<Schedule> CompileLowered(const PipelineSpec& spec,
+                                                      const CostModel& cost,
+                                                      LoweredOrder* order);
 
 // Compile (compiler.h) with the recompute choice given per entry instead of the one
 // spec.recompute would make, and spec.offload planned around it: the offload planner's
