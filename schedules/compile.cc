@@ -88,14 +88,26 @@ absl::StatusOr<Schedule> Compile(const PipelineSpec& spec, const CostModel& cost
 
 namespace internal {
 
-absl::StatusOr<LoweredOrder> LowerOrder(const PipelineSpec& spec, const CostModel& cost) {
+namespace {
+
+// LowerOrder's and CompileLowered's spec, resolved and checked as Compile checks it; they take
+// a concrete offload policy and no recompute (auto and recompute change the order's ops).
+absl::StatusOr<PipelineSpec> ResolveForLowering(const char* caller, const PipelineSpec& spec,
+                                                const CostModel& cost) {
   if (spec.offload == OffloadPolicy::kAuto || spec.recompute != Recompute::kNone) {
-    return absl::InvalidArgumentError(
-        "LowerOrder: the spec names a concrete offload policy and recompute none");
+    return absl::InvalidArgumentError(absl::StrCat(
+        caller, ": the spec names a concrete offload policy and recompute none"));
   }
   PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
-  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
+  PO_ASSIGN_OR_RETURN(PipelineSpec resolved, ResolveSpec(spec));
   PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
+  return resolved;
+}
+
+}  // namespace
+
+absl::StatusOr<LoweredOrder> LowerOrder(const PipelineSpec& spec, const CostModel& cost) {
+  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveForLowering("LowerOrder", spec, cost));
   PO_ASSIGN_OR_RETURN(const Schedule order, BuildComputeOrder(resolved, cost));
   PO_ASSIGN_OR_RETURN(Schedule lowered, LowerCommunication(order));
   return MakeLoweredOrder(std::move(lowered), cost);
@@ -103,14 +115,9 @@ absl::StatusOr<LoweredOrder> LowerOrder(const PipelineSpec& spec, const CostMode
 
 absl::StatusOr<Schedule> CompileLowered(const PipelineSpec& spec, const CostModel& cost,
                                         LoweredOrder* order) {
-  if (spec.offload == OffloadPolicy::kAuto || spec.recompute != Recompute::kNone) {
-    return absl::InvalidArgumentError(
-        "CompileLowered: the spec names a concrete offload policy and recompute none");
-  }
   // As CompileOrder, up to the passes the order has made already.
-  PO_RETURN_IF_ERROR(CheckRecomputeSpec(spec));
-  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved, ResolveSpec(spec));
-  PO_RETURN_IF_ERROR(internal::CheckCostModel(cost, resolved));
+  PO_ASSIGN_OR_RETURN(const PipelineSpec resolved,
+                      ResolveForLowering("CompileLowered", spec, cost));
   PipelineSpec as_ordered = order->lowered.spec;
   as_ordered.offload = resolved.offload;
   as_ordered.offload_fraction = resolved.offload_fraction;
