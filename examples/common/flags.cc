@@ -148,13 +148,15 @@ std::string CommandLine(int argc, char** argv) {
   return command;
 }
 
+std::string WithHelpPointer(const std::string& message) {
+  return message.find("--help") == std::string::npos ? message + " (see --help)" : message;
+}
+
 std::optional<int> FlagsExitCode(std::string_view program, const absl::Status& parsed, bool help,
                                  const std::function<std::string()>& help_text) {
   if (!parsed.ok()) {
-    const std::string message(parsed.message());
-    std::fprintf(stderr, "%.*s: %s%s\n", static_cast<int>(program.size()), program.data(),
-                 message.c_str(),
-                 message.find("--help") == std::string::npos ? " (see --help)" : "");
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(),
+                 WithHelpPointer(std::string(parsed.message())).c_str());
     return kExitUsage;
   }
   if (help) {

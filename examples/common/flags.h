@@ -181,6 +181,9 @@ std::string CommandLine(int argc, char** argv);
 // (0), or "PROGRAM: MESSAGE (see --help)" on stderr for a bad command line (kExitUsage).
 std::optional<int> FlagsExitCode(std::string_view program, const absl::Status& parsed, bool help,
                                  const std::function<std::string()>& help_text);
+// A bad command line's message with " (see --help)" appended, unless it names --help already
+// (the parser's own messages do).
+std::string WithHelpPointer(const std::string& message);
 // The same for options with a `help` field.
 template <typename Options>
 std::optional<int> FlagsExitCode(std::string_view program, const absl::StatusOr<Options>& parsed,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "examples/common/flags.h"
 #include "examples/gpt/gpt_data.h"
 #include "examples/gpt/train_group.h"
 #include "examples/gpt/train_options.h"
@@ -199,8 +200,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<TrainOptions> parsed =
       ParseTrainOptions(std::vector<std::string>(argv + 1, argv + argc));
   if (!parsed.ok()) {
-    return ExitTogether(
-        nullptr, Fail(who, std::string(parsed.status().message()) + " (see --help)", kExitUsage));
+    const std::string message =
+        pipeoffload::examples::WithHelpPointer(std::string(parsed.status().message()));
+    return ExitTogether(nullptr, Fail(who, message, kExitUsage));
   }
   TrainOptions& options = *parsed;
   if (options.help) {
