@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
 #include "schedules/slot_occupancy.h"
 
@@ -203,7 +204,7 @@ class StagePlan {
         entry.bytes = entry_bytes(entry.chunk, recompute_mode[e]);
         const std::int64_t rebuild = rebuild_bytes(entry.chunk, recompute_mode[e]);
         // Read in place, the retained block itself stays to the free.
-        const std::int64_t for_backward = rebuild > 0 ? rebuild : entry.bytes;
+        const std::int64_t for_backward = HeldForBackward(rebuild, entry.bytes);
         baseline_delta_[at] += for_backward;
         baseline_delta_[entry.free_index] -= for_backward;
         // While a rebuild runs, the rebuilt entry and the retained block are both held.

@@ -16,6 +16,13 @@
 
 namespace pipeoffload {
 
+// What an entry holds for its B from its RECOMPUTE* on: the block the rebuild allocates, or,
+// where the rebuild allocates nothing (B reads the retained block in place), the retained block
+// itself. The one statement of the rule for the simulator, the planner and the runtime's walk.
+constexpr std::int64_t HeldForBackward(std::int64_t rebuild_bytes, std::int64_t retained_bytes) {
+  return rebuild_bytes > 0 ? rebuild_bytes : retained_bytes;
+}
+
 struct CostModel {
   // Per-chunk compute durations. When the spec does not split W, one B op takes
   // backward_time + weight_time.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
 #include "lib/runtime/recompute_plan.h"
+#include "pipeoffload/cost_model.h"
 
 namespace pipeoffload::internal {
 namespace {
@@ -146,7 +147,7 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
     // Where B reads the retained block in place, its RECOMPUTE* rebuilds nothing and the block
     // stays until B frees it.
     const bool in_place = mode != Recompute::kNone && recompute.InPlace(op.chunk, mode);
-    const std::int64_t for_backward = in_place ? held : full;
+    const std::int64_t for_backward = HeldForBackward(in_place ? 0 : full, held);
     // The walk tolerates illegal sequences (the stash reports those at run time); it only
     // counts, so a broken program cannot make it over- or under-count twice.
     const auto take_host_copy = [&] {

@@ -82,8 +82,8 @@ std::int64_t CostModel::RebuildBytes(int stage, int chunk, const VirtualStageMap
 
 std::int64_t CostModel::BackwardHeldBytes(int stage, int chunk, const VirtualStageMap& map,
                                           Recompute mode) const {
-  const std::int64_t rebuild = RebuildBytes(stage, chunk, map, mode);
-  return rebuild > 0 ? rebuild : RetainedBytes(stage, chunk, map, mode);
+  return HeldForBackward(RebuildBytes(stage, chunk, map, mode),
+                         RetainedBytes(stage, chunk, map, mode));
 }
 
 bool CostModel::RecomputeOffered(int stage, int chunk, const VirtualStageMap& map,
