@@ -699,7 +699,8 @@ class OrderScheduler {
 }  // namespace
 
 CostModel RechunkedCost(const CostModel& cost, int from_v, int to_v) {
-  if (from_v == to_v || from_v < 1 || to_v < 1 || !cost.activation_bytes_per_virtual_stage.empty()) {
+  if (from_v == to_v || from_v < 1 || to_v < 1 ||
+      !cost.activation_bytes_per_virtual_stage.empty()) {
     return cost;
   }
   CostModel scaled = cost;

@@ -233,7 +233,9 @@ class StagePlan {
   StagePlan(int stage, std::vector<TimedBaselineOp> ops, bool split_backward,
             const StagePlanParams& params, BytesFn entry_bytes)
       : StagePlan(stage, std::move(ops), split_backward, params, entry_bytes,
-                  [entry_bytes](int chunk, Recompute) { return entry_bytes(chunk, Recompute::kNone); }) {}
+                  [entry_bytes](int chunk, Recompute) {
+                    return entry_bytes(chunk, Recompute::kNone);
+                  }) {}
 
   int stage() const { return stage_; }
   int num_ops() const { return static_cast<int>(ops_.size()); }
