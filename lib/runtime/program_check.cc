@@ -147,6 +147,8 @@ absl::StatusOr<ProgramNeeds> CheckStageProgram(const PipelineSpec& spec,
     // Where B reads the retained block in place, its RECOMPUTE* rebuilds nothing and the block
     // stays until B frees it.
     const bool in_place = mode != Recompute::kNone && recompute.InPlace(op.chunk, mode);
+    // (A rebuild of 0 bytes that is not in place, an empty entry, counts as the planner counts
+    // it: the retained block stays.)
     const std::int64_t for_backward = HeldForBackward(in_place ? 0 : full, held);
     // The walk tolerates illegal sequences (the stash reports those at run time); it only
     // counts, so a broken program cannot make it over- or under-count twice.

@@ -14,8 +14,11 @@ po_find_cublas "$BUILD/bench/cuda/pipeline_bench"
 export RUN_GREP="pipeline_bench: h=|\| (1f1b|none) |GPU busy|error|FAILED"
 h=${ORDER_WIDTH:-4096}
 policies=1f1b,none  # 1f1b once, with the first order; "none" alone after it
-for order in ${ORDER_LAYOUTS:-group-interleaved:4 interleaved:4 group-interleaved:2 interleaved:2}; do
+layouts="group-interleaved:4 interleaved:4 group-interleaved:2 interleaved:2"
+for order in ${ORDER_LAYOUTS:-$layouts}; do
   family=${order%:*} v=${order#*:}
+  [[ $v == 1 || $v == 2 || $v == 4 ]] ||
+    { echo "ORDER_LAYOUTS: v = $v does not divide the 4 layers of a stage"; exit 2; }
   run "order_${family}_v$v" 120 "$BUILD/bench/cuda/pipeline_bench" --model=gpt --seq=2048 \
     --stages=4 --microbatches=16 --family="$family" --chunks="$v" --layers-per-chunk=$((4 / v)) \
     --hidden="$h" --warmup=1 --steps=3 --wait-timeout=30 --policies="$policies" \

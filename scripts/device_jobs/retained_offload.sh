@@ -15,9 +15,11 @@
 #     bars are read on one card. RETAINED_FRACTIONS="0.3 0.35" / RETAINED_GBS="0.8 0.9" add
 #     auto alone at those budgets.
 # Same 16 layers as the Pareto table: 4 stages on the GPU, group-interleaved v = 4 x 1 layer
-# (RETAINED_V="4 2" runs the cut and mix rows at each v, with 4 / v layers per chunk: auto is
-# held to the rigs' v, and the one-layer order costs time of its own), seq 2048, m = 16; 3 timed steps at h = 4096, 2 at 8192, one warm-up. A run that would start
-# past JOB_DEADLINE_S is skipped (job_lib.sh).
+# (RETAINED_V="4 2" runs the cut and mix rows at each v of 1, 2 and 4, with 4 / v layers per
+# chunk: auto is held to the rigs' v, and the one-layer order costs time of its own; the
+# RETAINED_FRACTIONS / RETAINED_GBS rows stay at v = 4), seq 2048, m = 16; 3 timed steps at
+# h = 4096, 2 at 8192, one warm-up. A run that would start past JOB_DEADLINE_S is skipped
+# (job_lib.sh).
 set -uo pipefail
 source scripts/device_jobs/job_lib.sh
 export NCCL_NVLS_ENABLE=0
@@ -28,6 +30,10 @@ if [[ ${RETAINED_TESTS:-0} == 1 ]]; then
   t 150 "$BUILD/tests/gpt_cuda/gpt_cuda_gpu_tests" "[gpt_cuda_recompute]" --durations yes
   rm -f "$LOG/part.txt"
 fi
+for v in ${RETAINED_V:-4}; do
+  [[ $v == 1 || $v == 2 || $v == 4 ]] ||
+    { echo "RETAINED_V: $v does not divide the 4 layers of a stage"; exit 2; }
+done
 source scripts/find_cublas.sh
 po_find_cublas "$BUILD/bench/cuda/pipeline_bench"
 bench=$BUILD/bench/cuda/pipeline_bench

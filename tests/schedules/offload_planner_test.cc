@@ -1181,5 +1181,88 @@ TEST_CASE("fuzz: every spec compiles into a checked plan or fails clearly", "[pl
   CHECK(rejected > 100);
 }
 
+namespace lowering {
+
+// Each offload share of one spec, as auto tries them on one order.
+std::vector<PipelineSpec> Shares(const PipelineSpec& base, int v) {
+  std::vector<PipelineSpec> shares;
+  for (const OffloadPolicy policy : {OffloadPolicy::kNone, OffloadPolicy::kHalf,
+                                     OffloadPolicy::kFull, OffloadPolicy::kSelective}) {
+    PipelineSpec spec = base;
+    spec.offload = policy;
+    if (policy == OffloadPolicy::kSelective) spec.offload_fraction = 0.75;
+    shares.push_back(spec);
+  }
+  PipelineSpec by_chunks = base;
+  by_chunks.offload = OffloadPolicy::kSelective;
+  by_chunks.offload_chunks = v;  // selective over every chunk
+  shares.push_back(by_chunks);
+  PipelineSpec nothing = base;
+  nothing.offload = OffloadPolicy::kSelective;  // selective with nothing selected
+  shares.push_back(nothing);
+  return shares;
+}
+
+}  // namespace lowering
+
+TEST_CASE("CompileLowered on one lowered order equals Compile for every share", "[planner]") {
+  struct Case {
+    Family family;
+    int p, m, v, g;
+    bool split;
+    double k;
+  };
+  const Case cases[] = {{Family::k1F1B, 4, 16, 1, 0, false, 0.5},
+                        {Family::kInterleaved, 4, 16, 2, 0, false, 1.0},
+                        {Family::kGroupInterleaved, 4, 16, 4, 2, true, 0.25},
+                        {Family::kGroupInterleaved, 8, 32, 2, 8, false, 0.75},
+                        {Family::kGroupInterleaved, 6, 24, 3, 4, true, 1.5}};
+  for (const Case& c : cases) {
+    const CostModel cost = UnitCostModel(c.k);
+    const PipelineSpec base = MakeSpec(c.family, c.p, c.m, c.v, c.g, c.split);
+    absl::StatusOr<internal::LoweredOrder> order = internal::LowerOrder(base, cost);
+    REQUIRE(order.ok());
+    // One lowering serves every share in turn (each plan leaves its spec on the order).
+    for (const PipelineSpec& spec : lowering::Shares(base, c.v)) {
+      INFO(FamilyName(c.family) << " p=" << c.p << " v=" << c.v << " g=" << c.g << " split="
+                                << c.split << " k=" << c.k << " offload="
+                                << static_cast<int>(spec.offload) << " fraction "
+                                << spec.offload_fraction << " chunks " << spec.offload_chunks);
+      absl::StatusOr<Schedule> reused = internal::CompileLowered(spec, cost, &*order);
+      absl::StatusOr<Schedule> fresh = Compile(spec, cost);
+      REQUIRE(reused.ok() == fresh.ok());
+      if (!fresh.ok()) {
+        CHECK(reused.status() == fresh.status());
+        continue;
+      }
+      CHECK(*reused == *fresh);
+    }
+  }
+}
+
+TEST_CASE("LowerOrder and CompileLowered refuse what they cannot reuse", "[planner]") {
+  const CostModel cost = UnitCostModel(0.5);
+  const PipelineSpec base = MakeSpec(Family::kGroupInterleaved, 4, 16, 2, 2, false);
+  absl::StatusOr<internal::LoweredOrder> order = internal::LowerOrder(base, cost);
+  REQUIRE(order.ok());
+  PipelineSpec automatic = base;
+  automatic.offload = OffloadPolicy::kAuto;
+  automatic.memory_budget_bytes = 8 * cost.activation_bytes;
+  CHECK(internal::LowerOrder(automatic, cost).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(internal::CompileLowered(automatic, cost, &*order).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  PipelineSpec recomputed = base;
+  recomputed.recompute = Recompute::kFull;
+  CHECK(internal::CompileLowered(recomputed, cost, &*order).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  // Another group size is another order.
+  PipelineSpec other = base;
+  other.group_size = 4;
+  other.offload = OffloadPolicy::kFull;
+  const absl::Status mismatch = internal::CompileLowered(other, cost, &*order).status();
+  CHECK(mismatch.code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pipeoffload
