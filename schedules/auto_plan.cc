@@ -44,7 +44,12 @@
 // never the result). An order is lowered once (LowerOrder: its compute order, comm lowering and
 // baseline simulation), for its plain plan and its offload shares alike (CompileLowered); the
 // lowering is kept from the plain plan to the order's search by at most kOrdersInFlight orders
-// at once, and freed when its search ends.
+// at once, and freed when its search ends. An order whose long warm-up makes activations faster
+// than its host links can carry them out within the step is not planned at all: where the
+// link-rate bound (link_rate_bound.h) shows that no offload plan of it can fit, its search
+// records po-f as tried and ruled out (counted among the candidates, logged with the bound).
+// That needs no plan only when the search offloads alone; with recompute, the po-f plan is
+// where the mixed search starts.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -63,7 +68,9 @@
 #include "lib/base/parallel_for.h"
 #include "lib/base/status_macros.h"
 #include "pipeoffload/compiler.h"
+#include "schedules/link_rate_bound.h"
 #include "schedules/offload_planner.h"
+#include "schedules/offload_policy.h"
 #include "schedules/recompute_mix.h"
 
 namespace pipeoffload::internal {
@@ -181,9 +188,11 @@ struct Event {
   enum class Kind { kTried, kLog, kConsider };
   Kind kind;
   std::string text;                  // kTried, kConsider: the candidate's name; kLog: the line
-  std::optional<std::int64_t> peak;  // kTried: the candidate's peak; nullopt: did not compile
+  std::optional<std::int64_t> peak;  // kTried: the candidate's peak; nullopt: not compiled
   std::string error;                 // kTried that did not compile: why
   std::optional<Schedule> schedule;  // kConsider
+  // kTried ruled out without compiling it: the least peak it can have (link_rate_bound.h).
+  std::optional<std::int64_t> least_peak = std::nullopt;
 };
 
 // What one order's search does once its plain plan does not fit (TryOrder in the file comment's
@@ -244,13 +253,48 @@ struct OrderSearch {
   // order lowered once for all of them (LowerOrder: its lowering and baseline simulation are
   // the same for every share), or compiled whole should the order not lower.
   absl::StatusOr<Schedule> CompileOffloadShare(const PipelineSpec& candidate) {
-    if (!lowered && !lowering_failed) {
-      absl::StatusOr<LoweredOrder> made = LowerOrder(candidate, cost);
-      lowering_failed = !made.ok();
-      if (made.ok()) lowered = *std::move(made);
-    }
+    Lower(candidate);
     if (!lowered) return Compile(candidate, cost);
     return CompileLowered(candidate, cost, &*lowered);
+  }
+
+  // Lowers the order (`candidate`: one of its offload shares) unless done or tried before.
+  void Lower(const PipelineSpec& candidate) {
+    if (lowered || lowering_failed) return;
+    absl::StatusOr<LoweredOrder> made = LowerOrder(candidate, cost);
+    lowering_failed = !made.ok();
+    if (made.ok()) lowered = *std::move(made);
+  }
+
+  // Whether no offload share of the order can fit, by the link-rate bound on its lowering
+  // (link_rate_bound.h: every plan the offload planner keeps is within kOverheadBudget of the
+  // order's step). When so, records the largest share as tried and ruled out, and logs why.
+  // Only for a search that offloads alone: with recompute the po-f plan is where the mixed
+  // search starts, so it is compiled anyway.
+  bool RuledOutByLinkRate() {
+    if (spec.recompute != Recompute::kNone) return false;
+    PipelineSpec candidate = spec;
+    candidate.family = order.family;
+    candidate.chunks_per_stage = order.v;
+    candidate.group_size = order.g;
+    candidate.offload = kShares[kFullOffload].policy;
+    candidate.offload_fraction = 0.0;
+    candidate.offload_chunks = 0;
+    candidate.strict = false;
+    Lower(candidate);
+    if (!lowered) return false;
+    const double max_step = lowered->baseline.step_time * (1.0 + kOverheadBudget) + 1e-12;
+    const std::int64_t least =
+        LinkRateLeastPeak(lowered->posted, lowered->posted_times, cost, max_step);
+    if (least <= spec.memory_budget_bytes) return false;
+    const std::string name = absl::StrCat(OrderName(order, lowered->lowered.spec.group_size),
+                                          ", offload ", kShares[kFullOffload].name);
+    events.push_back({Event::Kind::kTried, name, std::nullopt, "", std::nullopt, least});
+    Log(absl::StrFormat(
+        "%s: peak at least %d bytes per stage with any offload share (the host link cannot carry "
+        "the warm-up's activations out within the step): exceeds the budget, not compiled",
+        name, least));
+    return true;
   }
 
   bool Fits(const Schedule& schedule) const { return FitsBudget(schedule, spec); }
@@ -367,6 +411,7 @@ struct OrderSearch {
   // The offload share bisection, for an order whose plain plan does not fit.
   // Returns the full offload plan when it does not fit either (the mixed search starts there).
   std::optional<Schedule> TryOffloadShares() {
+    if (RuledOutByLinkRate()) return std::nullopt;
     std::string name;
     int low = 1, high = static_cast<int>(std::size(kShares)) - 1;  // high: the fitting candidate
     std::optional<Schedule> fitting = Try(high, &name);
@@ -421,6 +466,9 @@ struct Search {
   std::optional<std::int64_t> smallest_peak;
   std::string smallest_name;
   std::string last_error;
+  // The least of the peaks candidates ruled out without compiling them can have.
+  std::optional<std::int64_t> least_ruled_out;
+  int ruled_out = 0;
   int weighed = 0;
 
   // The order's plain plan decides: skipped when slower than the incumbent (offload never makes
@@ -453,7 +501,12 @@ struct Search {
       switch (event.kind) {
         case Event::Kind::kTried:
           ++weighed;
-          if (!event.peak) {
+          if (event.least_peak) {
+            ++ruled_out;
+            if (!least_ruled_out || *event.least_peak < *least_ruled_out) {
+              least_ruled_out = event.least_peak;
+            }
+          } else if (!event.peak) {
             last_error = std::move(event.error);
           } else if (!smallest_peak || *event.peak < *smallest_peak) {
             smallest_peak = event.peak;
@@ -743,15 +796,26 @@ absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cos
   Search search{spec, alternatives, judge};
   OrderScheduler(spec, cost, static_cast<bool>(judge), Orders(spec, cost), &search).Run();
   if (!search.best) {
-    if (!search.smallest_peak) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "auto offload: no candidate plan compiles; the last error: ", search.last_error));
+    const std::string over = absl::StrCat("auto offload: no plan fits memory_budget_bytes=",
+                                          spec.memory_budget_bytes, " per stage; ");
+    const std::string ruled_out =
+        search.least_ruled_out
+            ? absl::StrCat(" (", search.ruled_out, " not compiled: the host link's rate keeps ",
+                           search.ruled_out == 1 ? "its peak" : "their peaks", " at ",
+                           *search.least_ruled_out, " bytes or more)")
+            : std::string();
+    const std::string advice = "; raise the budget or add stages";
+    if (search.smallest_peak) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          over, "the smallest peak found is ", *search.smallest_peak, " bytes (",
+          search.smallest_name, ") among ", search.weighed, " candidates", ruled_out, advice));
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "auto offload: no plan fits memory_budget_bytes=", spec.memory_budget_bytes,
-        " per stage; the smallest peak found is ", *search.smallest_peak, " bytes (",
-        search.smallest_name, ") among ", search.weighed,
-        " candidates; raise the budget or add stages"));
+    if (search.least_ruled_out) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          over, "among ", search.weighed, " candidates none compiled", ruled_out, advice));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auto offload: no candidate plan compiles; the last error: ", search.last_error));
   }
   Schedule& best = *search.best;
   const std::string judged =
