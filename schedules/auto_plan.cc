@@ -48,6 +48,9 @@
 // than its host links can carry them out within the step is not planned at all: where the
 // link-rate bound (link_rate_bound.h) shows that no offload plan of it can fit, its search
 // records po-f as tried and ruled out (counted among the candidates, logged with the bound).
+// Likewise a share whose policy keeps too much on the device (share_bound.h: po-h and the
+// selective shares of 1F1B at p=64 in schedule_bench's auto case) is ruled out in the
+// bisection as one that does not fit.
 // That needs no plan only when the search offloads alone; with recompute, the po-f plan is
 // where the mixed search starts.
 #include <algorithm>
@@ -72,6 +75,7 @@
 #include "schedules/offload_planner.h"
 #include "schedules/offload_policy.h"
 #include "schedules/recompute_mix.h"
+#include "schedules/share_bound.h"
 
 namespace pipeoffload::internal {
 namespace {
@@ -208,6 +212,7 @@ struct OrderSearch {
   // The order lowered for its offload shares (CompileOffloadShare), while they are compiled.
   std::optional<LoweredOrder> lowered;
   bool lowering_failed = false;
+  std::optional<std::int64_t> link_rate_least;  // LinkRateLeastPeak of `lowered`, once found
 
   // Compiles `order` with share kShares[index], recompute as spec.recompute = `recompute` and
   // `recompute_fraction` would choose, or per entry as `choice` says when it is not null;
@@ -216,17 +221,9 @@ struct OrderSearch {
                               double recompute_fraction = 1.0,
                               const RecomputeChoice* choice = nullptr) {
     const Share& share = kShares[index];
-    PipelineSpec candidate = spec;
+    PipelineSpec candidate = CandidateSpec(index);
     candidate.recompute = recompute;
     candidate.recompute_fraction = recompute_fraction;
-    candidate.recompute_chunks = 0;
-    candidate.family = order.family;
-    candidate.chunks_per_stage = order.v;
-    candidate.group_size = order.g;
-    candidate.offload = share.policy;
-    candidate.offload_fraction = share.policy == OffloadPolicy::kSelective ? share.fraction : 0.0;
-    candidate.offload_chunks = 0;
-    candidate.strict = false;
     absl::StatusOr<Schedule> compiled =
         choice != nullptr ? CompileWithRecompute(candidate, cost, *choice)
         : recompute == Recompute::kNone ? CompileOffloadShare(candidate)
@@ -249,6 +246,23 @@ struct OrderSearch {
     return *std::move(compiled);
   }
 
+  // The spec of the order with share kShares[index] and no recompute.
+  PipelineSpec CandidateSpec(int index) const {
+    const Share& share = kShares[index];
+    PipelineSpec candidate = spec;
+    candidate.recompute = Recompute::kNone;
+    candidate.recompute_fraction = 1.0;
+    candidate.recompute_chunks = 0;
+    candidate.family = order.family;
+    candidate.chunks_per_stage = order.v;
+    candidate.group_size = order.g;
+    candidate.offload = share.policy;
+    candidate.offload_fraction = share.policy == OffloadPolicy::kSelective ? share.fraction : 0.0;
+    candidate.offload_chunks = 0;
+    candidate.strict = false;
+    return candidate;
+  }
+
   // Compile(candidate, cost) for one of the order's offload shares (none included), on the
   // order lowered once for all of them (LowerOrder: its lowering and baseline simulation are
   // the same for every share), or compiled whole should the order not lower.
@@ -266,34 +280,39 @@ struct OrderSearch {
     if (made.ok()) lowered = *std::move(made);
   }
 
-  // Whether no offload share of the order can fit, by the link-rate bound on its lowering
-  // (link_rate_bound.h: every plan the offload planner keeps is within kOverheadBudget of the
-  // order's step). When so, records the largest share as tried and ruled out, and logs why.
-  // Only for a search that offloads alone: with recompute the po-f plan is where the mixed
-  // search starts, so it is compiled anyway.
-  bool RuledOutByLinkRate() {
-    if (spec.recompute != Recompute::kNone) return false;
-    PipelineSpec candidate = spec;
-    candidate.family = order.family;
-    candidate.chunks_per_stage = order.v;
-    candidate.group_size = order.g;
-    candidate.offload = kShares[kFullOffload].policy;
-    candidate.offload_fraction = 0.0;
-    candidate.offload_chunks = 0;
-    candidate.strict = false;
+  // The least peak any plan of share kShares[index] of the order can have, by the link-rate
+  // bound (link_rate_bound.h: every plan the offload planner keeps is within kOverheadBudget of
+  // the order's step) and the share bound (share_bound.h), and which of them says so; 0 where
+  // neither applies. Only for a search that offloads alone: with recompute, the po-f plan is
+  // where the mixed search starts, so it is compiled anyway.
+  std::pair<std::int64_t, const char*> LeastPeak(int index) {
+    if (spec.recompute != Recompute::kNone) return {0, ""};
+    const PipelineSpec candidate = CandidateSpec(index);
     Lower(candidate);
-    if (!lowered) return false;
-    const double max_step = lowered->baseline.step_time * (1.0 + kOverheadBudget) + 1e-12;
-    const std::int64_t least =
-        LinkRateLeastPeak(lowered->posted, lowered->posted_times, cost, max_step);
+    if (!lowered) return {0, ""};
+    if (!link_rate_least) {
+      const double max_step = lowered->baseline.step_time * (1.0 + kOverheadBudget) + 1e-12;
+      link_rate_least = LinkRateLeastPeak(lowered->posted, lowered->posted_times, cost, max_step);
+    }
+    const std::int64_t share = ShareLeastPeak(lowered->posted, candidate, cost);
+    if (share > *link_rate_least) {
+      return {share, "the policy's share keeps that much on the device"};
+    }
+    return {*link_rate_least,
+            "the host link cannot carry the warm-up's activations out within the step"};
+  }
+
+  // Whether share kShares[index] cannot fit by LeastPeak; when so, records it as tried and
+  // ruled out, and logs why.
+  bool RuledOut(int index) {
+    const auto [least, why] = LeastPeak(index);
     if (least <= spec.memory_budget_bytes) return false;
     const std::string name = absl::StrCat(OrderName(order, lowered->lowered.spec.group_size),
-                                          ", offload ", kShares[kFullOffload].name);
+                                          ", offload ", kShares[index].name);
     events.push_back({Event::Kind::kTried, name, std::nullopt, "", std::nullopt, least});
-    Log(absl::StrFormat(
-        "%s: peak at least %d bytes per stage with any offload share (the host link cannot carry "
-        "the warm-up's activations out within the step): exceeds the budget, not compiled",
-        name, least));
+    Log(absl::StrFormat("%s: peak at least %d bytes per stage (%s): exceeds the budget, not "
+                        "compiled",
+                        name, least, why));
     return true;
   }
 
@@ -411,7 +430,7 @@ struct OrderSearch {
   // The offload share bisection, for an order whose plain plan does not fit.
   // Returns the full offload plan when it does not fit either (the mixed search starts there).
   std::optional<Schedule> TryOffloadShares() {
-    if (RuledOutByLinkRate()) return std::nullopt;
+    if (RuledOut(kFullOffload)) return std::nullopt;
     std::string name;
     int low = 1, high = static_cast<int>(std::size(kShares)) - 1;  // high: the fitting candidate
     std::optional<Schedule> fitting = Try(high, &name);
@@ -421,6 +440,10 @@ struct OrderSearch {
     std::string fitting_name = name;
     while (low < high) {
       const int mid = (low + high) / 2;
+      if (RuledOut(mid)) {
+        low = mid + 1;
+        continue;
+      }
       std::optional<Schedule> candidate = Try(mid, &name);
       if (!candidate) return std::nullopt;
       LogPlan(name, *candidate);
@@ -800,9 +823,9 @@ absl::StatusOr<Schedule> PlanAuto(const PipelineSpec& spec, const CostModel& cos
                                           spec.memory_budget_bytes, " per stage; ");
     const std::string ruled_out =
         search.least_ruled_out
-            ? absl::StrCat(" (", search.ruled_out, " not compiled: the host link's rate keeps ",
-                           search.ruled_out == 1 ? "its peak" : "their peaks", " at ",
-                           *search.least_ruled_out, " bytes or more)")
+            ? absl::StrCat(" (", search.ruled_out, " not compiled: ",
+                           search.ruled_out == 1 ? "its peak" : "their peaks",
+                           " would be at least ", *search.least_ruled_out, " bytes)")
             : std::string();
     const std::string advice = "; raise the budget or add stages";
     if (search.smallest_peak) {

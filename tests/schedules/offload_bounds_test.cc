@@ -1,7 +1,9 @@
-// The link-rate bound (schedules/link_rate_bound.h): exact on a pipeline small enough to time
-// by hand, below every plan the offload planner makes over a grid of orders, policies and cost
-// models, and binding where auto uses it (bench/schedule_bench's auto case).
+// The bounds auto rules candidates out by: the link-rate bound (schedules/link_rate_bound.h)
+// and the share bound (schedules/share_bound.h). Each is exact on a pipeline small enough to
+// work out by hand, below every plan the offload planner makes over a grid of orders, policies
+// and cost models, and binding where auto uses it (bench/schedule_bench's auto case).
 #include "schedules/link_rate_bound.h"
+#include "schedules/share_bound.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -48,7 +50,30 @@ TEST_CASE("link-rate bound: 1f1b p=2 m=2 by hand") {
   CHECK(LinkRateLeastPeak(order->posted, order->posted_times, cost, 10.0) == 0);
 }
 
-TEST_CASE("link-rate bound: no offload plan the planner makes goes below it") {
+TEST_CASE("share bound: 1f1b p=4 m=8 by hand") {
+  // Stage 0 runs F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 .. B7: after its forwards it holds 1, 2,
+  // 3, 4, 4, 4, 4, 4 entries (sum 26). Entries 0-4 have three forwards between their F and B,
+  // entry 5 two, entry 6 one. Over all eight forwards, po-h (4 entries) takes off at most
+  // 4 x 3: (26 - 12) / 8 = 1.75 entries; selective 0.25 (2 entries) 2 x 3: 20 / 8 = 2.5; po-f
+  // every reach (18): 1. The middle runs and the other stages bind less.
+  const CostModel cost = UnitCostModel(0.25);
+  const std::int64_t entry = cost.activation_bytes;
+  absl::StatusOr<LoweredOrder> order =
+      LowerOrder(MakeSpec(Family::k1F1B, 4, 8, 1, 0, false, OffloadPolicy::kFull), cost);
+  REQUIRE(order.ok());
+  PipelineSpec spec = order->lowered.spec;
+  spec.offload = OffloadPolicy::kHalf;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == entry * 7 / 4);
+  spec.offload = OffloadPolicy::kSelective;
+  spec.offload_fraction = 0.25;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == entry * 5 / 2);
+  spec.offload = OffloadPolicy::kFull;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == entry);
+  spec.offload = OffloadPolicy::kNone;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == 0);
+}
+
+TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
   CostModel slow_link = UnitCostModel(1.0);
   slow_link.host_link_group_size = 1;
   CostModel shared = UnitCostModel(0.25);
@@ -66,43 +91,58 @@ TEST_CASE("link-rate bound: no offload plan the planner makes goes below it") {
                           {Family::kInterleaved, 4, false},
                           {Family::kGroupInterleaved, 2, false},
                           {Family::kGroupInterleaved, 4, true}};
-  int cases = 0, binding = 0;
+  struct Policy {
+    OffloadPolicy offload;
+    double fraction;
+    int chunks;
+  };
+  const Policy policies[] = {{OffloadPolicy::kFull, 0.0, 0},
+                             {OffloadPolicy::kHalf, 0.0, 0},
+                             {OffloadPolicy::kSelective, 0.5, 0},
+                             {OffloadPolicy::kSelective, 0.0, 1}};
+  int cases = 0, link_binding = 0, share_binding = 0;
   for (const CostModel& cost : costs) {
     for (const Shape& shape : shapes) {
       for (const int p : {2, 4, 8}) {
         for (const int m : {8, 16}) {
           for (const bool split : {false, true}) {
-            for (const OffloadPolicy policy :
-                 {OffloadPolicy::kFull, OffloadPolicy::kHalf, OffloadPolicy::kSelective}) {
+            for (const Policy& policy : policies) {
               const int g = shape.family != Family::kGroupInterleaved ? 0
                             : shape.largest_group                    ? p
                                                                      : (p + 1) / 2;
-              PipelineSpec spec = MakeSpec(shape.family, p, m, shape.v, g, split, policy);
-              spec.offload_fraction = policy == OffloadPolicy::kSelective ? 0.5 : 0.0;
+              PipelineSpec spec =
+                  MakeSpec(shape.family, p, m, shape.v, g, split, policy.offload);
+              spec.offload_fraction = policy.fraction;
+              spec.offload_chunks = policy.chunks;
               absl::StatusOr<LoweredOrder> order = LowerOrder(spec, cost);
               REQUIRE(order.ok());
-              const std::int64_t bound = BoundOf(*order, cost);
+              const std::int64_t link = BoundOf(*order, cost);
+              const std::int64_t share = ShareLeastPeak(order->posted, spec, cost);
               absl::StatusOr<Schedule> plan = CompileLowered(spec, cost, &*order);
               REQUIRE(plan.ok());
-              INFO(FamilyName(shape.family) << " v=" << shape.v << " g=" << g << " p=" << p
-                                            << " m=" << m << " split=" << split << " policy="
-                                            << OffloadPolicyName(policy)
-                                            << " k-bandwidth=" << cost.d2h_bandwidth);
-              CHECK(bound <= MaxPeak(*plan->predictions));
+              INFO(FamilyName(shape.family)
+                   << " v=" << shape.v << " g=" << g << " p=" << p << " m=" << m
+                   << " split=" << split << " policy=" << OffloadPolicyName(policy.offload)
+                   << " fraction=" << policy.fraction << " chunks=" << policy.chunks
+                   << " d2h bandwidth=" << cost.d2h_bandwidth);
+              CHECK(link <= MaxPeak(*plan->predictions));
+              CHECK(share <= MaxPeak(*plan->predictions));
               ++cases;
-              binding += bound > cost.ActivationBytes(0, 0, p);
+              link_binding += link > cost.ActivationBytes(0, 0, p);
+              share_binding += share > cost.ActivationBytes(0, 0, p);
             }
           }
         }
       }
     }
   }
-  CHECK(cases == 5 * 5 * 3 * 2 * 2 * 3);
-  // It says more than "one entry" in a fair share of them (not a bound that cannot fail).
-  CHECK(binding >= cases / 10);
+  CHECK(cases == 5 * 5 * 3 * 2 * 2 * 4);
+  // Each says more than "one entry" in a fair share of them (not a bound that cannot fail).
+  CHECK(link_binding >= cases / 10);
+  CHECK(share_binding >= cases / 10);
 }
 
-TEST_CASE("link-rate bound: rules out the long warm-ups of schedule_bench's auto case") {
+TEST_CASE("offload bounds: rule out what auto compiled in vain in schedule_bench's auto case") {
   // p=64 m=512, unit costs, k = 0.25, chunks priced as auto prices them (RechunkedCost of v=4):
   // with eight entries of budget, auto compiled these orders' po-f plans only to learn that
   // their peaks (82-114 entries) exceed it; the bound rules them out before planning.
@@ -120,12 +160,20 @@ TEST_CASE("link-rate bound: rules out the long warm-ups of schedule_bench's auto
       CHECK(BoundOf(*order, cost) > 8 * entry);
     }
   }
-  // 1F1B's po-f plan fits eight entries, so the bound must not say otherwise.
+  // 1F1B's po-f plan fits eight entries, so the bound must not say otherwise. Its po-h and
+  // selective 0.75 plans peak at 132 and 76 entries: the share bound rules them out.
   const CostModel one_chunk = RechunkedCost(base, 4, 1);
   absl::StatusOr<LoweredOrder> order =
       LowerOrder(MakeSpec(Family::k1F1B, 64, 512, 1, 0, false, OffloadPolicy::kFull), one_chunk);
   REQUIRE(order.ok());
   CHECK(BoundOf(*order, one_chunk) <= 8 * entry);
+  PipelineSpec spec = order->lowered.spec;
+  CHECK(ShareLeastPeak(order->posted, spec, one_chunk) <= 8 * entry);
+  spec.offload = OffloadPolicy::kHalf;
+  CHECK(ShareLeastPeak(order->posted, spec, one_chunk) > 8 * entry);
+  spec.offload = OffloadPolicy::kSelective;
+  spec.offload_fraction = 0.75;
+  CHECK(ShareLeastPeak(order->posted, spec, one_chunk) > 8 * entry);
 }
 
 }  // namespace

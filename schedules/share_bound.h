@@ -1,0 +1,36 @@
+// The share bound: the least peak a plan can have when its policy lets each stage offload only
+// part of its activation volume (po-h: half, selective: a fraction, or only some chunks), for
+// `auto` (issue 15) to rule out a share without planning it. Pure computation on a lowered
+// schedule; no I/O.
+//
+// Why it holds. Memory counts in program order (simulate.h): after a stage's F_j the device
+// holds X_j (what the order holds there without offload) less the entries that are off the
+// device then. An entry can be off only between its F and its B: its RELEASE comes after its F
+// and its RELOAD before its B. So over any run W of the stage's forwards, the entry lowers the
+// sum of those X_j by at most its bytes times the number of W's forwards strictly between its F
+// and its B (its reach in W). The planner offloads at most RequestedBytes (offload_policy.h) of
+// each stage and only entries of candidate chunks (PrepareChoices, offload_choice.cc), so the
+// most any plan can take off W's sum is the best choice of entries under that cap: a
+// fractional knapsack by reach, largest first. The peak is at least the average of what is
+// left over W. It holds whatever the timing, so it binds where the link has time but the
+// policy keeps too much on the device.
+#ifndef PIPEOFFLOAD_SCHEDULES_SHARE_BOUND_H_
+#define PIPEOFFLOAD_SCHEDULES_SHARE_BOUND_H_
+
+#include <cstdint>
+
+#include "pipeoffload/cost_model.h"
+#include "pipeoffload/schedule.h"
+
+namespace pipeoffload::internal {
+
+// A lower bound, in bytes, on the largest per-stage peak_bytes of the offload plan of
+// `lowered` (a schedule without offload or recompute ops) under `spec`'s offload fields (its
+// policy, fraction and chunks; `lowered`'s own spec gives the order). 0 when nothing binds: a
+// policy without a cap (po-f), or a schedule with recompute ops.
+std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
+                            const CostModel& cost);
+
+}  // namespace pipeoffload::internal
+
+#endif  // PIPEOFFLOAD_SCHEDULES_SHARE_BOUND_H_
