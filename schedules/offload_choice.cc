@@ -73,20 +73,19 @@ bool CoverPoint(LinkGroupPlan& group, int member, const ProgramKey& at) {
   std::optional<Placement> best;
   int best_entry = -1;
   // The candidates resident at `at`; equal reaches go to the first in the member's order (the
-  // longest-lived).
-  std::vector<int>& resident = group.scratch;
-  plan.ResidentEntries(at, &resident);
+  // longest-lived). Visited as the scan finds them: most of the ~500 resident at a peak are
+  // committed already, and a list of them all would cost more than the choice.
   const std::vector<int>& rank = group.rank[member];
-  for (const int e : resident) {
-    if (!group.Open(member, e)) continue;
-    const std::optional<Placement> p = group.Find(member, e);
-    if (!p || !plan.Covers(*p, at)) continue;
+  plan.ForEachResident(at, [&](int e) {
+    if (!group.Open(member, e)) return;
+    const std::optional<Placement>& p = group.Find(member, e);
+    if (!p || !plan.Covers(*p, at)) return;
     if (!best || plan.ReloadKey(*best) < plan.ReloadKey(*p) ||
         (!(plan.ReloadKey(*p) < plan.ReloadKey(*best)) && rank[e] < rank[best_entry])) {
       best = p;
       best_entry = e;
     }
-  }
+  });
   if (!best) return false;
   group.Commit(member, best_entry, *best);
   return true;

@@ -167,12 +167,13 @@ struct LinkGroupPlan {
   // falls where the search would have met it first; a remembered "none" stays none unless a
   // new candidate falls inside the entry's lifetime. Planning calls FindPlacement for every
   // entry resident at the peak, once per entry it offloads: without this, O(entries^2).
-  std::optional<Placement> Find(int member, int entry) {
+  // The answer is the cache's own: valid until the next Commit, which may forget it (a caller
+  // that commits it holds a copy).
+  const std::optional<Placement>& Find(int member, int entry) {
     PlacementCache& cache = caches[member];
     if (const auto& known = cache.Get(entry)) return *known;
-    std::optional<Placement> p = plans[member].FindPlacement(entry, Resources(member));
-    cache.Put(plans[member], entry, p);
-    return p;
+    cache.Put(plans[member], entry, plans[member].FindPlacement(entry, Resources(member)));
+    return *cache.Get(entry);
   }
   // Forgets the remembered placements that committing `done` for member `committer` may have
   // changed.

@@ -35,6 +35,7 @@
 #define PIPEOFFLOAD_SCHEDULES_OFFLOAD_STAGE_PLAN_H_
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
@@ -192,6 +193,8 @@ class StagePlan {
         entry.free_index = i;
       }
     }
+    starts_.reserve(ops_.size());
+    for (const TimedBaselineOp& op : ops_) starts_.push_back(op.start);
     baseline_delta_.assign(ops_.size(), 0);
     std::vector<std::pair<int, std::int64_t>> transient;  // (RECOMPUTE* index, retained)
     for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
@@ -245,7 +248,7 @@ class StagePlan {
   // Entries in the order they were committed.
   const std::vector<int>& steps() const { return steps_; }
 
-  double Start(int index) const { return ops_[index].start; }
+  double Start(int index) const { return starts_[index]; }
   // The latest OFFLOAD start a search that chose gap `search_gap` passed over candidates before.
   double SearchHigh(int search_gap) const {
     return search_gap < num_ops() ? Start(search_gap) : std::numeric_limits<double>::infinity();
@@ -300,6 +303,7 @@ class StagePlan {
     if (p.reload_end > p.reload_start) res.own_h2d_ends->insert(p.reload_end);
     Insert(InsertedOp{Op{OpKind::kReload, entry.mb, entry.chunk, -1}, ReloadKey(p),
                       entry_index});
+    UpdateGaps({p.offload_gap, p.release_gap, p.reload_gap});
     next_seq_ += 3;
     placements_[entry_index] = p;
     steps_.push_back(entry_index);
@@ -330,7 +334,7 @@ class StagePlan {
 
   // The device-memory peak of the program with every committed entry offloaded (program order:
   // +bytes at F and RELOAD, -bytes at RELEASE and at the op that frees the entry), and the
-  // first point that reaches it. O(1): a tree over the gaps keeps it (UpdateGap).
+  // first point that reaches it. O(1): a tree over the gaps keeps it (UpdateGaps).
   PeakPoint Peak() const {
     const Segment& root = tree_[1];
     if (root.best <= 0) return PeakPoint{0, BaselineKey(0)};
@@ -359,6 +363,12 @@ class StagePlan {
   // Entries resident at point `x` without offloading (ResidentAt), in no particular order.
   void ResidentEntries(const ProgramKey& x, std::vector<int>* out) const {
     out->clear();
+    ForEachResident(x, [out](int e) { out->push_back(e); });
+  }
+
+  // Calls visit(entry) for each of them, in the order ResidentEntries lists them.
+  template <typename Visit>
+  void ForEachResident(const ProgramKey& x, Visit visit) const {
     // Resident at x: F at or before baseline index a, freed after it (see ResidentAt).
     const int a = x.baseline ? x.gap : x.gap - 1;
     const auto end =
@@ -371,7 +381,7 @@ class StagePlan {
     for (int block = from; block * kBlock < count; ++block) {
       if (block_free_[block] <= a) continue;
       for (int i = block * kBlock; i < std::min(count, (block + 1) * kBlock); ++i) {
-        if (entries_[by_forward_[i]].free_index > a) out->push_back(by_forward_[i]);
+        if (free_by_forward_[i] > a) visit(by_forward_[i]);
       }
     }
   }
@@ -379,16 +389,14 @@ class StagePlan {
   // The gap before the first baseline op whose time is after `time`: where an OFFLOAD or
   // RELOAD starting then goes.
   int CutGapAfter(double time) const {
-    auto it = std::upper_bound(ops_.begin(), ops_.end(), time,
-                               [](double t, const TimedBaselineOp& op) { return t < op.start; });
-    return static_cast<int>(it - ops_.begin());
+    return static_cast<int>(std::upper_bound(starts_.begin(), starts_.end(), time) -
+                            starts_.begin());
   }
   // The gap before the first baseline op whose time is at or after `time`: where a RELEASE
   // at `time` goes, and a BARRIER planned at `time` (offload_barriers.h).
   int FirstGapAtOrAfter(double time) const {
-    auto it = std::lower_bound(ops_.begin(), ops_.end(), time,
-                               [](const TimedBaselineOp& op, double t) { return op.start < t; });
-    return static_cast<int>(it - ops_.begin());
+    return static_cast<int>(std::lower_bound(starts_.begin(), starts_.end(), time) -
+                            starts_.begin());
   }
 
   // The final program: baseline ops with the committed entries' ops and `barriers` inserted in
@@ -440,16 +448,17 @@ class StagePlan {
     // RELOAD: the latest start in [offload end, deadline - h2d] that the simulator reproduces
     // (an op's start, or the end of an earlier RELOAD of this stage) with the link free.
     const double latest = entry.use_start - params_.reload_margin - h2d;
-    auto op_it = std::upper_bound(ops_.begin(), ops_.begin() + entry.use_index, latest,
-                                  [](double t, const TimedBaselineOp& op) { return t < op.start; });
+    const auto first = starts_.begin();
+    auto op_it = std::upper_bound(first, first + entry.use_index, latest);
     auto end_it = res.own_h2d_ends->upper_bound(latest);
-    while (op_it != ops_.begin() || end_it != res.own_h2d_ends->begin()) {
+    while (op_it != first || end_it != res.own_h2d_ends->begin()) {
       double t;
       if (end_it == res.own_h2d_ends->begin() ||
-          (op_it != ops_.begin() && std::prev(op_it)->start >= *std::prev(end_it))) {
+          (op_it != first && *std::prev(op_it) >= *std::prev(end_it))) {
         // A SEND/RECV is no issue point: its time is its transfer's (file comment).
-        if (IsP2P((--op_it)->op.kind)) continue;
-        t = op_it->start;
+        --op_it;
+        if (IsP2P(ops_[op_it - first].op.kind)) continue;
+        t = *op_it;
       } else {
         t = *--end_it;
       }
@@ -461,8 +470,7 @@ class StagePlan {
         // too: skip those candidates at once.
         double bound = EarliestOverlap(res.link_h2d, res.engine, t, t + h2d) - h2d;
         if (std::isnan(bound) || bound >= t) continue;
-        op_it = std::upper_bound(ops_.begin(), op_it, bound,
-                                 [](double x, const TimedBaselineOp& op) { return x < op.start; });
+        op_it = std::upper_bound(first, op_it, bound);
         end_it = res.own_h2d_ends->upper_bound(bound);  // candidates left are all <= t
         continue;
       }
@@ -501,10 +509,8 @@ class StagePlan {
       const double high = j < n ? Start(j) : low;
       if (high < not_before && j < n) {
         // Gaps whose latest start lies before not_before hold no candidate.
-        const auto next = std::lower_bound(
-            ops_.begin() + j + 1, ops_.end(), not_before,
-            [](const TimedBaselineOp& op, double x) { return op.start < x; });
-        j = static_cast<int>(next - ops_.begin());
+        const auto next = std::lower_bound(starts_.begin() + j + 1, starts_.end(), not_before);
+        j = static_cast<int>(next - starts_.begin());
         continue;
       }
       if (low <= high) {
@@ -550,15 +556,14 @@ class StagePlan {
     link->Add(start, end);
     if (engine != nullptr) engine->Add(start, end);
   }
+  // Adds `op` to its gap; the caller updates the tree (UpdateGaps).
   void Insert(InsertedOp op) {
-    const int j = op.key.gap;
-    std::vector<InsertedOp>& gap = gaps_[j];
+    std::vector<InsertedOp>& gap = gaps_[op.key.gap];
     auto it = std::upper_bound(gap.begin(), gap.end(), op,
                                [](const InsertedOp& a, const InsertedOp& b) {
                                  return a.key < b.key;
                                });
     gap.insert(it, std::move(op));
-    UpdateGap(j);
   }
 
   // Memory over the program as a tree of segments, one per gap (its inserted ops, then its
@@ -593,7 +598,25 @@ class StagePlan {
     }
     return out;
   }
-  void UpdateGap(int j) {
+  // Recomputes the leaves of `gaps` and every node above them, level by level: the three paths
+  // of a commit share their upper levels, which a walk per leaf would recompute three times
+  // (a node met twice in a row is skipped; any order of `gaps` gives the same tree).
+  void UpdateGaps(std::array<int, 3> gaps) {
+    std::array<int, 3> nodes{};
+    for (std::size_t k = 0; k < gaps.size(); ++k) {
+      if (k == 0 || gaps[k] != gaps[k - 1]) tree_[leaves_ + gaps[k]] = Leaf(gaps[k]);
+      nodes[k] = leaves_ + gaps[k];
+    }
+    while (nodes[0] > 1) {
+      for (std::size_t k = 0; k < nodes.size(); ++k) {
+        nodes[k] /= 2;
+        if (k > 0 && nodes[k] == nodes[k - 1]) continue;
+        tree_[nodes[k]] = Combine(tree_[2 * nodes[k]], tree_[2 * nodes[k] + 1]);
+      }
+    }
+  }
+  // Gap j's segment: its inserted ops, then its baseline op.
+  Segment Leaf(int j) const {
     Segment leaf;
     std::int64_t running = 0;
     const std::vector<InsertedOp>& gap = gaps_[j];
@@ -617,11 +640,7 @@ class StagePlan {
       running += baseline_delta_[j];
     }
     leaf.sum = running;
-    int node = leaves_ + j;
-    tree_[node] = leaf;
-    for (node /= 2; node >= 1; node /= 2) {
-      tree_[node] = Combine(tree_[2 * node], tree_[2 * node + 1]);
-    }
+    return leaf;
   }
   void BuildTree() {
     leaves_ = 1;
@@ -645,6 +664,7 @@ class StagePlan {
     std::sort(by_forward_.begin(), by_forward_.end(), [&](int a, int b) {
       return entries_[a].forward_index < entries_[b].forward_index;
     });
+    for (const int e : by_forward_) free_by_forward_.push_back(entries_[e].free_index);
     const int count = static_cast<int>(by_forward_.size());
     for (int i = 0; i < count; i += kBlock) {
       int most = -1;
@@ -665,6 +685,9 @@ class StagePlan {
 
   int stage_;
   std::vector<TimedBaselineOp> ops_;
+  // ops_'s start times alone: the binary searches over them (every placement search makes
+  // several) touch a quarter of the cache lines.
+  std::vector<double> starts_;
   StagePlanParams params_;
   std::vector<OffloadEntry> entries_;              // index chunk * m + mb
   std::vector<std::int64_t> baseline_delta_;       // memory change of each baseline op
@@ -674,6 +697,9 @@ class StagePlan {
   std::vector<Segment> tree_;                      // Peak(): 1-based heap over the gaps
   int leaves_ = 1;
   std::vector<int> by_forward_;                    // entries by F's index (ResidentEntries)
+  // Their free indexes in that order: the resident scan reads these densely instead of one
+  // entry record (spread over the stage's entries) per candidate.
+  std::vector<int> free_by_forward_;
   std::vector<int> block_free_;                    // per kBlock of them: the latest free index
   std::vector<double> block_use_;                  // ... and the latest use_start
   std::vector<int> block_free_running_;            // running maxima of the two over blocks
