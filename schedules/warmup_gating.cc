@@ -49,13 +49,17 @@ Schedule PostAtTransfers(const Schedule& lowered, const Timeline& timeline, Time
     // of p2p, and the program is one merge of the two lists.
     std::vector<int> before(p2p.size());
     int floor = 0;
+    // The first compute op starting at or after p2p[r]: compute starts never decrease along the
+    // program (in-order issue), nor p2p[r]'s in r, so one forward walk finds them all.
+    int first_at_or_after = 0;
     for (std::size_t r = 0; r < p2p.size(); ++r) {
       const int i = p2p[r];
       const TimedOp& t = timed[i];
-      int k = static_cast<int>(
-          std::lower_bound(compute.begin(), compute.end(), t.start,
-                           [&](int c, double x) { return timed[c].start < x; }) -
-          compute.begin());
+      while (first_at_or_after < static_cast<int>(compute.size()) &&
+             timed[compute[first_at_or_after]].start < t.start) {
+        ++first_at_or_after;
+      }
+      int k = first_at_or_after;
       if (IsSend(t.op.kind)) {
         const std::size_t entry = static_cast<std::size_t>(t.op.mb) * v + t.op.chunk;
         k = std::max(k, 1 + (t.op.kind == OpKind::kSendActivation ? forward_rank[entry]
