@@ -65,30 +65,6 @@ std::optional<OpKind> OpKindFromName(std::string_view name) {
   return std::nullopt;
 }
 
-bool IsCompute(OpKind kind) {
-  return kind == OpKind::kForward || kind == OpKind::kBackward ||
-         kind == OpKind::kBackwardWeight || IsRecompute(kind);
-}
-
-bool IsRecompute(OpKind kind) {
-  return kind == OpKind::kRecompute || kind == OpKind::kRecomputeLean;
-}
-
-bool IsP2P(OpKind kind) {
-  return kind == OpKind::kSendActivation || kind == OpKind::kRecvActivation ||
-         kind == OpKind::kSendGrad || kind == OpKind::kRecvGrad;
-}
-
-bool IsSend(OpKind kind) {
-  return kind == OpKind::kSendActivation || kind == OpKind::kSendGrad;
-}
-
-bool IsOffload(OpKind kind) {
-  return kind == OpKind::kOffload || kind == OpKind::kRelease || kind == OpKind::kReload;
-}
-
-bool HasPeer(OpKind kind) { return IsP2P(kind) || kind == OpKind::kBarrier; }
-
 std::string OpToString(const Op& op) {
   // StrCat rather than operator+ chains: GCC 12 at -O3 reports a false -Wrestrict on those.
   const std::string_view kind = OpKindName(op.kind);
