@@ -286,7 +286,7 @@ void Summarize(LinkGroupPlan& group, const StagePlanParams& bandwidths,
     // of the entries left on the device: a placed one was placeable with the link shared.
     std::vector<bool> eligible(stage.entries().size(), false);
     SlotOccupancy no_engine;
-    std::multiset<double> no_ends, no_h2d_ends;
+    SortedTimes no_ends, no_h2d_ends;
     const TransferResources alone{&group.p2p_d2h, &group.p2p_h2d,
                                   group.shared_engine ? &no_engine : nullptr, &no_ends,
                                   &no_h2d_ends};

@@ -15,7 +15,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -127,9 +126,9 @@ struct LinkGroupPlan {
   std::vector<StagePlan> plans;
   SlotOccupancy d2h, h2d;             // whole group, incl. P2P when it shares the link
   SlotOccupancy p2p_d2h, p2p_h2d;     // P2P alone: what an entry would face by itself
-  std::multiset<double> d2h_ends;     // ends of the group's OFFLOADs (offload_stage_plan.h)
+  SortedTimes d2h_ends;               // ends of the group's OFFLOADs (offload_stage_plan.h)
   std::vector<SlotOccupancy> engines;               // per member, when the engine is shared
-  std::vector<std::multiset<double>> h2d_ends;      // per member: ends of its RELOADs
+  std::vector<SortedTimes> h2d_ends;                // per member: ends of its RELOADs
   std::vector<std::vector<int>> order;      // per member: candidates, longest-lived first
   std::vector<double> budget;               // per member: bytes it may still offload
   std::vector<std::vector<int>> rank;       // per member/entry: place in `order`, or -1

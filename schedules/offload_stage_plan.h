@@ -41,7 +41,6 @@
 #include <iterator>
 #include <limits>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -123,8 +122,8 @@ struct TransferResources {
   // Where an OFFLOAD may start besides its gap's issue time: the ends of the group's OFFLOADs
   // (own ones: the engine frees up; other stages': a hand-over BARRIER). And where a RELOAD
   // may: the ends of this stage's RELOADs. Required.
-  std::multiset<double>* d2h_ends = nullptr;
-  std::multiset<double>* own_h2d_ends = nullptr;
+  SortedTimes* d2h_ends = nullptr;
+  SortedTimes* own_h2d_ends = nullptr;
 };
 
 struct StagePlanParams {

@@ -10,7 +10,6 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -40,6 +39,7 @@ using internal::Placement;
 using internal::PlannedTransfer;
 using internal::ProgramKey;
 using internal::SlotOccupancy;
+using internal::SortedTimes;
 using internal::StageWindows;
 using internal::StagePlan;
 using internal::StagePlanParams;
@@ -225,7 +225,7 @@ TEST_CASE("stage plan places transfers exactly where the simulator can start the
           "[planner]") {
   StagePlan plan = HandMadeStage();
   SlotOccupancy d2h, h2d;
-  std::multiset<double> d2h_ends, h2d_ends;
+  SortedTimes d2h_ends, h2d_ends;
   const TransferResources res{&d2h, &h2d, nullptr, &d2h_ends, &h2d_ends};
   REQUIRE(plan.Peak().bytes == 3);
 
@@ -279,7 +279,7 @@ TEST_CASE("stage plan places transfers exactly where the simulator can start the
 TEST_CASE("stage plan chains a D2H onto the end of the link's previous one", "[planner]") {
   StagePlan plan = HandMadeStage();
   SlotOccupancy d2h, h2d;
-  std::multiset<double> d2h_ends, h2d_ends;
+  SortedTimes d2h_ends, h2d_ends;
   const TransferResources res{&d2h, &h2d, nullptr, &d2h_ends, &h2d_ends};
   // Another stage of the link sends [1, 1.25): entry 0 starts as that copy ends (a hand-over
   // the BARRIER pass turns into a rendezvous after the other stage's RELEASE).
@@ -293,7 +293,7 @@ TEST_CASE("stage plan chains a D2H onto the end of the link's previous one", "[p
   CHECK(p->release_gap == 2);   // F2 starts at 2 >= 1.75
   // Without the end to chain to, the next start the stage issues is F2's, at 2: the copy would
   // end after B0's predecessor starts, with no op left to RELEASE before, so no window.
-  std::multiset<double> no_ends;
+  SortedTimes no_ends;
   const TransferResources unchained{&d2h, &h2d, nullptr, &no_ends, &h2d_ends};
   CHECK_FALSE(plan.FindPlacement(0, unchained).has_value());
 }
