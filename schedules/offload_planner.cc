@@ -65,6 +65,7 @@
 #include "schedules/offload_planner.h"
 #include "schedules/offload_policy.h"
 #include "schedules/offload_stage_plan.h"
+#include "schedules/share_bound.h"
 #include "schedules/slot_occupancy.h"
 #include "schedules/warmup_gating.h"
 
@@ -421,17 +422,33 @@ Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& c
 }
 
 // True when `predictions` keep every stage at no more than two of its largest entries.
+// The largest entry of stage s of `lowered`.
+std::int64_t LargestEntry(const Schedule& lowered, const CostModel& cost, int s) {
+  std::int64_t largest = 0;
+  for (int c = 0; c < lowered.spec.chunks_per_stage; ++c) {
+    largest = std::max(largest, cost.ActivationBytes(s, c, lowered.spec.stage_map()));
+  }
+  return largest;
+}
+
 bool AtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
                       const Predictions& predictions) {
   const int p = lowered.spec.num_stages;
   for (int s = 0; s < p; ++s) {
-    std::int64_t largest = 0;
-    for (int c = 0; c < lowered.spec.chunks_per_stage; ++c) {
-      largest = std::max(largest, cost.ActivationBytes(s, c, lowered.spec.stage_map()));
-    }
-    if (predictions.stages[s].peak_bytes > 2 * largest) return false;
+    if (predictions.stages[s].peak_bytes > 2 * LargestEntry(lowered, cost, s)) return false;
   }
   return true;
+}
+
+// Whether no plan of `lowered`'s policy can pass AtMostTwoEntries, by the share bound
+// (share_bound.h): then PlanOnBaseline needs the plain plan beside the gated one whatever the
+// gated one does, and makes them side by side.
+bool NeverAtMostTwoEntries(const Schedule& lowered, const CostModel& cost) {
+  std::int64_t largest = 0;
+  for (int s = 0; s < lowered.spec.num_stages; ++s) {
+    largest = std::max(largest, LargestEntry(lowered, cost, s));
+  }
+  return internal::ShareLeastPeak(lowered, lowered.spec, cost) > 2 * largest;
 }
 
 // True when a plan with predictions `a` beats one with `b`: a lower peak on its worst stage,
@@ -485,22 +502,33 @@ std::string PlanAndCheck(const Schedule& lowered, const Schedule& plain, const C
   return "";
 }
 
-// The gated candidate (GatedWarmup, then PlanAndCheck on its timeline), or nullopt when no
-// warm-up is worth gating or its plan fails the check. Its timeline is freed on return.
-std::optional<Candidate> GatedCandidate(const Schedule& lowered, const CostModel& cost,
+// A gated warm-up's program and timeline (GatedWarmup's outputs), for its plan.
+struct GatedTimeline {
+  Schedule lowered;
+  Timeline times;
+  std::vector<std::vector<GatedCopy>> copies;
+  std::vector<GatedBarrier> barriers;
+};
+
+// GatedWarmup of `lowered`, or nullopt when no warm-up is worth gating.
+std::optional<GatedTimeline> GateWarmup(const Schedule& lowered, const CostModel& cost,
                                         const Timeline& times, const Predictions& base,
                                         double share) {
-  Schedule gated_lowered;
-  Timeline gated_times;
-  std::vector<std::vector<GatedCopy>> copies;
-  std::vector<GatedBarrier> gated_barriers;
-  if (!internal::GatedWarmup(lowered, cost, times, base, share, &gated_lowered, &gated_times,
-                             &copies, &gated_barriers)) {
+  GatedTimeline gated;
+  if (!internal::GatedWarmup(lowered, cost, times, base, share, &gated.lowered, &gated.times,
+                             &gated.copies, &gated.barriers)) {
     return std::nullopt;
   }
+  return gated;
+}
+
+// The gated candidate (PlanAndCheck on the gated timeline, which is freed on return), or
+// nullopt when its plan fails the check.
+std::optional<Candidate> PlanGated(GatedTimeline timeline, const Schedule& lowered,
+                                   const CostModel& cost, const Predictions& base, double share) {
   std::optional<Candidate> gated;
-  PlanAndCheck(gated_lowered, lowered, cost, gated_times, base, share, &copies, &gated_barriers,
-               &gated);
+  PlanAndCheck(timeline.lowered, lowered, cost, timeline.times, base, share, &timeline.copies,
+               &timeline.barriers, &gated);
   return gated;
 }
 
@@ -569,9 +597,12 @@ absl::StatusOr<Schedule> PlanOnBaseline(
   // whose semantics moved), plan again with a smaller share of what the policy asks (the empty
   // plan is the lowered schedule itself, which always passes). Each candidate keeps only its
   // program, its predictions and its shortfall warning: a plan's working state is freed as soon
-  // as it is emitted, so at most one is alive at a time (bounded memory, issue 15).
+  // as it is emitted, so at most one is alive at a time, or two where both plans are made side
+  // by side (bounded memory, issue 15).
   std::vector<std::string> warnings;
   std::optional<Candidate> kept;
+  const bool both_needed =
+      internal::CompileThreads() > 1 && NeverAtMostTwoEntries(lowered, cost);
   for (const double share : {1.0, 0.5, 0.25, 0.0}) {
     if (share == 0.0) {
       PO_RETURN_IF_ERROR(validated_input());
@@ -583,14 +614,40 @@ absl::StatusOr<Schedule> PlanOnBaseline(
     }
     // The gated plan first: when it keeps every stage at two entries or fewer, the plain one
     // cannot do better by more than an entry on a stage, and planning it costs as much again.
-    std::optional<Candidate> gated = GatedCandidate(lowered, cost, posted_times, base, share);
-    if (gated && AtMostTwoEntries(lowered, cost, gated->predictions)) {
-      kept = std::move(gated);
-      break;
+    // Where the policy's share rules that out and a warm-up is worth gating, both are needed:
+    // they are made side by side (two working states at once, each with the threads the other
+    // leaves idle).
+    std::optional<Candidate> gated, plain;
+    std::string problem;
+    const auto plan_plain = [&] {
+      problem = PlanAndCheck(lowered, lowered, cost, posted_times, base, share, nullptr,
+                             nullptr, &plain);
+    };
+    std::optional<GatedTimeline> gated_timeline =
+        GateWarmup(lowered, cost, posted_times, base, share);
+    if (both_needed && gated_timeline) {
+      internal::ParallelFor(2, [&](int task) {
+        if (task == 0) {
+          gated = PlanGated(*std::move(gated_timeline), lowered, cost, base, share);
+        } else {
+          plan_plain();
+        }
+      });
+      // The bound says this cannot hold; should it, the plan is the one made in turn.
+      if (gated && AtMostTwoEntries(lowered, cost, gated->predictions)) {
+        kept = std::move(gated);
+        break;
+      }
+    } else {
+      if (gated_timeline) {
+        gated = PlanGated(*std::move(gated_timeline), lowered, cost, base, share);
+      }
+      if (gated && AtMostTwoEntries(lowered, cost, gated->predictions)) {
+        kept = std::move(gated);
+        break;
+      }
+      plan_plain();
     }
-    std::optional<Candidate> plain;
-    const std::string problem = PlanAndCheck(lowered, lowered, cost, posted_times, base, share,
-                                             nullptr, nullptr, &plain);
     if (plain && (!gated || Better(plain->predictions, gated->predictions))) {
       kept = std::move(plain);
     } else if (gated) {
