@@ -109,6 +109,9 @@ std::int64_t LinkRateLeastPeak(const Schedule& lowered, const Timeline& times,
                                const CostModel& cost, double max_step) {
   const PipelineSpec& spec = lowered.spec;
   const int p = spec.num_stages;
+  // P2P on the host links: the order's own transfers collide there, so Check's rule does not
+  // keep a plan's copies one at a time (the header comment).
+  if (cost.p2p_shares_host_link) return 0;
   if (static_cast<int>(times.stages.size()) != p || spec.num_microbatches < 1) return 0;
   const ComputeOps all = Collect(times);
   for (const Op& op : all.ops) {
@@ -147,12 +150,16 @@ std::int64_t LinkRateLeastPeak(const Schedule& lowered, const Timeline& times,
     }
     std::stable_sort(points.begin(), points.end(),
                      [](const Point& a, const Point& b) { return a.latest < b.latest; });
+    // What the overlaps CountCollisions takes for rounding can carry besides: up to its epsilon
+    // (1e-9 of a horizon no longer than max_step, at least 1) per copy, one copy per entry.
+    const double rounding = static_cast<double>(points.size()) * 1e-9 *
+                            std::max(1.0, max_step) * bandwidth;
     std::vector<std::int64_t> most(members, 0);  // M_s(T) of each member so far
     std::vector<std::int64_t> sorted(members);
     for (std::size_t i = 0; i < points.size(); ++i) {
       most[points[i].member] = std::max(most[points[i].member], points[i].held);
       if (i + 1 < points.size() && points[i + 1].latest == points[i].latest) continue;
-      const double carried = bandwidth * std::max(points[i].latest, 0.0);
+      const double carried = bandwidth * std::max(points[i].latest, 0.0) + rounding;
       sorted = most;
       std::sort(sorted.begin(), sorted.end(), std::greater<>());
       double sum = 0.0;

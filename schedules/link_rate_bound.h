@@ -6,8 +6,13 @@
 // at the op that frees it, +entry at RELOAD. So after a stage's F_j the device holds at least
 // X_j (what the order holds there without offload) minus what the stage RELEASEd before F_j. A
 // RELEASE waits for its D2H and the ops after it wait for the RELEASE, so those copies ended
-// before F_j started. The stages of one host link share its D2H direction, which carries at
-// most max(d2h, duplex) bandwidth x T bytes by time T. Planning adds OFFLOAD, RELEASE, RELOAD
+// before F_j started. The stages of one host link share its D2H direction: the simulator gives
+// each stage a copy engine of its own, but the planner's Check refuses a plan with more
+// colliding transfers than the order, which has none on the host links unless P2P crosses them
+// (then this bound is 0), so the link carries one copy at a time, at most max(d2h, duplex)
+// bandwidth x T bytes by time T, but for the overlaps CountCollisions takes for rounding (up to
+// 1e-9 of the horizon per copy, taken off the bound, with one copy per entry as the planner
+// places them). Planning adds OFFLOAD, RELEASE, RELOAD
 // and BARRIER ops and moves SEND/RECVs, never a compute op, so in a plan whose step ends by
 // `max_step`, F_j starts by its latest start LS_j: `max_step` less the longest chain of
 // compute ops from F_j to the end (each stage runs its ops one at a time in program order, and

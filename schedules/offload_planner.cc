@@ -421,7 +421,6 @@ Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& c
   return checked;
 }
 
-// True when `predictions` keep every stage at no more than two of its largest entries.
 // The largest entry of stage s of `lowered`.
 std::int64_t LargestEntry(const Schedule& lowered, const CostModel& cost, int s) {
   std::int64_t largest = 0;
@@ -431,6 +430,7 @@ std::int64_t LargestEntry(const Schedule& lowered, const CostModel& cost, int s)
   return largest;
 }
 
+// True when `predictions` keep every stage at no more than two of its largest entries.
 bool AtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
                       const Predictions& predictions) {
   const int p = lowered.spec.num_stages;

@@ -26,8 +26,9 @@ namespace pipeoffload::internal {
 
 // A lower bound, in bytes, on the largest per-stage peak_bytes of the offload plan of
 // `lowered` (a schedule without offload or recompute ops) under `spec`'s offload fields (its
-// policy, fraction and chunks; `lowered`'s own spec gives the order). 0 when nothing binds: a
-// policy without a cap (po-f), or a schedule with recompute ops.
+// policy, fraction and chunks; `lowered`'s own spec gives the order). Without a cap (po-f,
+// selective by chunks) it still counts what the entries' spans cannot cover. 0 for no offload
+// or auto, or a schedule with recompute ops.
 std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
                             const CostModel& cost);
 
