@@ -1,13 +1,15 @@
 // The bounds auto rules candidates out by: the link-rate bound (schedules/link_rate_bound.h)
 // and the share bound (schedules/share_bound.h). Each is exact on a pipeline small enough to
-// work out by hand, below every plan the offload planner makes over a grid of orders, policies
-// and cost models, and binding where auto uses it (bench/schedule_bench's auto case).
+// work out by hand, below every plan the offload planner makes over a grid of orders (loop and
+// V placement), policies and cost models, and binding where auto uses it (bench/schedule_bench's
+// auto case).
 #include "schedules/link_rate_bound.h"
 #include "schedules/share_bound.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pipeoffload/compiler.h"
 #include "schedules/offload_planner.h"
@@ -56,6 +58,25 @@ TEST_CASE("link-rate bound: 1f1b p=2 m=2 by hand") {
   CHECK(LinkRateLeastPeak(order->posted, order->posted_times, cost, 10.0) == 0);
 }
 
+TEST_CASE("link-rate bound: zbv p=2 m=1 by hand, down the V and back") {
+  // Unit costs, split: F = B = W = 1. Stage 0 holds virtual stages 0 and 3, stage 1 holds 1 and
+  // 2. The one microbatch runs down the V and back up: stage 0 F0.0 [0,1]; stage 1 F0.0 [1,2]
+  // and F0.1 [2,3] (the turn, handed over on the stage); stage 0 F0.1 [3,4] B0.1 [4,5]; stage 1
+  // B0.1 [5,6] W0.1 [6,7] B0.0 [7,8]; stage 0 B0.0 [8,9] W0.0 [9,10]. Step 10, all one chain,
+  // so with max_step 10 stage 0's F0.0 starts by 0, when it holds one entry and the link has
+  // carried nothing. Without the edge back up the V (stage 1's F0.1 feeds stage 0's F0.1) it
+  // could start at 2, by when the link carries 8/3 entries: a bound that lost it says 0.
+  const CostModel cost = UnitCostModel(0.25);
+  absl::StatusOr<LoweredOrder> order =
+      LowerOrder(MakeSpec(Family::kZbv, 2, 1, 2, 0, true, OffloadPolicy::kFull), cost);
+  REQUIRE(order.ok());
+  REQUIRE(order->baseline.step_time == 10.0);
+  // Less what CountCollisions takes for rounding, as in the 1f1b case.
+  CHECK(LinkRateLeastPeak(order->posted, order->posted_times, cost, 10.0) ==
+        cost.activation_bytes - 1);
+  CHECK(LinkRateLeastPeak(order->posted, order->posted_times, cost, 11.0) == 0);
+}
+
 TEST_CASE("share bound: 1f1b p=4 m=8 by hand") {
   // Stage 0 runs F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 .. B7: after its forwards it holds 1, 2,
   // 3, 4, 4, 4, 4, 4 entries (sum 26). Entries 0-4 have three forwards between their F and B,
@@ -79,7 +100,14 @@ TEST_CASE("share bound: 1f1b p=4 m=8 by hand") {
   CHECK(ShareLeastPeak(order->posted, spec, cost) == 0);
 }
 
-TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
+// How many plans the grid checked, and in how many each bound said more than one entry.
+struct Tally {
+  int cases = 0, link_binding = 0, share_binding = 0;
+};
+
+// The grid's cost models: unit costs at two link speeds, a slow link per stage, four stages on
+// one copy engine, P2P on the host links, and the GPT estimate.
+std::vector<CostModel> GridCosts() {
   CostModel slow_link = UnitCostModel(1.0);
   slow_link.host_link_group_size = 1;
   CostModel shared = UnitCostModel(0.25);
@@ -89,8 +117,72 @@ TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
   p2p_on_link.p2p_shares_host_link = true;
   p2p_on_link.boundary_bytes = 1 << 18;
   p2p_on_link.p2p_bandwidth = 1 << 20;
-  const CostModel costs[] = {UnitCostModel(0.25), UnitCostModel(0.5), slow_link, shared,
-                             p2p_on_link, EstimateGptCostModel(GptShape{})};
+  return {UnitCostModel(0.25), UnitCostModel(0.5), slow_link, shared, p2p_on_link,
+          EstimateGptCostModel(GptShape{})};
+}
+
+struct Policy {
+  OffloadPolicy offload;
+  double fraction;
+  int chunks;
+};
+constexpr Policy kGridPolicies[] = {{OffloadPolicy::kFull, 0.0, 0},
+                                    {OffloadPolicy::kHalf, 0.0, 0},
+                                    {OffloadPolicy::kSelective, 0.5, 0},
+                                    {OffloadPolicy::kSelective, 0.0, 1}};
+
+// Plans `spec` under each of kGridPolicies and checks both bounds are at or below the plan's
+// peak.
+void CheckBoundsBelowPlans(PipelineSpec spec, const CostModel& cost, Tally* tally) {
+  for (const Policy& policy : kGridPolicies) {
+    spec.offload = policy.offload;
+    spec.offload_fraction = policy.fraction;
+    spec.offload_chunks = policy.chunks;
+    absl::StatusOr<LoweredOrder> order = LowerOrder(spec, cost);
+    REQUIRE(order.ok());
+    const std::int64_t link = BoundOf(*order, cost);
+    const std::int64_t share = ShareLeastPeak(order->posted, spec, cost);
+    absl::StatusOr<Schedule> plan = CompileLowered(spec, cost, &*order);
+    REQUIRE(plan.ok());
+    INFO(FamilyName(spec.family) << " v=" << spec.chunks_per_stage << " g=" << spec.group_size
+                                 << " p=" << spec.num_stages << " m=" << spec.num_microbatches
+                                 << " split=" << spec.split_backward
+                                 << " policy=" << OffloadPolicyName(policy.offload)
+                                 << " fraction=" << policy.fraction << " chunks=" << policy.chunks
+                                 << " d2h bandwidth=" << cost.d2h_bandwidth);
+    CHECK(link <= MaxPeak(*plan->predictions));
+    CHECK(share <= MaxPeak(*plan->predictions));
+    const std::int64_t entry = cost.ActivationBytes(0, 0, order->lowered.spec.stage_map());
+    ++tally->cases;
+    tally->link_binding += link > entry;
+    tally->share_binding += share > entry;
+  }
+}
+
+TEST_CASE("share bound: zbv p=2 m=4 by hand") {
+  // Orders in vshape_families_test.cc; split, so W frees. Stage 0's forwards F0.0 F1.0 F2.0 F0.1
+  // F1.1 F3.0 F2.1 F3.1 leave 1, 2, 3, 4, 4, 4, 4, 3 entries (sum 25); entries 0.0, 1.0, 2.0
+  // reach five forwards, 3.0 two, chunk 1's none (its B follows at once). Stage 1's F0.0 F0.1
+  // F1.0 F1.1 F2.0 F2.1 F3.0 F3.1 leave 1, 2, 3, 4, 4, 4, 4, 4 (sum 26); reaches 4 (0.0), 2
+  // (0.1), 4 (1.0), 2 (1.1), 3 (2.0), 2 (2.1), 1 (3.0). po-f takes every reach: one entry on
+  // both. po-h (four entries a stage): stage 1 over all eight forwards keeps (26 - 13) / 8 =
+  // 13/8 entries. Selective 0.25 (two): stage 1 keeps (26 - 8) / 8 = 9/4, and stage 0 two over
+  // its middle quarter (F0.1 F1.1: 8 less 2 x 2, over 2), so stage 1 binds.
+  const CostModel cost = UnitCostModel(0.25);
+  const std::int64_t entry = cost.activation_bytes;
+  absl::StatusOr<LoweredOrder> order =
+      LowerOrder(MakeSpec(Family::kZbv, 2, 4, 2, 0, true, OffloadPolicy::kFull), cost);
+  REQUIRE(order.ok());
+  PipelineSpec spec = order->lowered.spec;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == entry);
+  spec.offload = OffloadPolicy::kHalf;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == entry * 13 / 8);
+  spec.offload = OffloadPolicy::kSelective;
+  spec.offload_fraction = 0.25;
+  CHECK(ShareLeastPeak(order->posted, spec, cost) == entry * 9 / 4);
+}
+
+TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
   struct Shape {
     Family family;
     int v;
@@ -101,55 +193,45 @@ TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
                           {Family::kInterleaved, 4, false},
                           {Family::kGroupInterleaved, 2, false},
                           {Family::kGroupInterleaved, 4, true}};
-  struct Policy {
-    OffloadPolicy offload;
-    double fraction;
-    int chunks;
-  };
-  const Policy policies[] = {{OffloadPolicy::kFull, 0.0, 0},
-                             {OffloadPolicy::kHalf, 0.0, 0},
-                             {OffloadPolicy::kSelective, 0.5, 0},
-                             {OffloadPolicy::kSelective, 0.0, 1}};
-  int cases = 0, link_binding = 0, share_binding = 0;
-  for (const CostModel& cost : costs) {
+  Tally tally;
+  for (const CostModel& cost : GridCosts()) {
     for (const Shape& shape : shapes) {
       for (const int p : {2, 4, 8}) {
         for (const int m : {8, 16}) {
           for (const bool split : {false, true}) {
-            for (const Policy& policy : policies) {
-              const int g = shape.family != Family::kGroupInterleaved ? 0
-                            : shape.largest_group                    ? p
-                                                                     : (p + 1) / 2;
-              PipelineSpec spec =
-                  MakeSpec(shape.family, p, m, shape.v, g, split, policy.offload);
-              spec.offload_fraction = policy.fraction;
-              spec.offload_chunks = policy.chunks;
-              absl::StatusOr<LoweredOrder> order = LowerOrder(spec, cost);
-              REQUIRE(order.ok());
-              const std::int64_t link = BoundOf(*order, cost);
-              const std::int64_t share = ShareLeastPeak(order->posted, spec, cost);
-              absl::StatusOr<Schedule> plan = CompileLowered(spec, cost, &*order);
-              REQUIRE(plan.ok());
-              INFO(FamilyName(shape.family)
-                   << " v=" << shape.v << " g=" << g << " p=" << p << " m=" << m
-                   << " split=" << split << " policy=" << OffloadPolicyName(policy.offload)
-                   << " fraction=" << policy.fraction << " chunks=" << policy.chunks
-                   << " d2h bandwidth=" << cost.d2h_bandwidth);
-              CHECK(link <= MaxPeak(*plan->predictions));
-              CHECK(share <= MaxPeak(*plan->predictions));
-              ++cases;
-              link_binding += link > cost.ActivationBytes(0, 0, p);
-              share_binding += share > cost.ActivationBytes(0, 0, p);
-            }
+            const int g = shape.family != Family::kGroupInterleaved ? 0
+                          : shape.largest_group                    ? p
+                                                                   : (p + 1) / 2;
+            CheckBoundsBelowPlans(MakeSpec(shape.family, p, m, shape.v, g, split), cost,
+                                  &tally);
           }
         }
       }
     }
   }
-  CHECK(cases == 6 * 5 * 3 * 2 * 2 * 4);
+  CHECK(tally.cases == 6 * 5 * 3 * 2 * 2 * 4);
   // Each says more than "one entry" in a fair share of them (not a bound that cannot fail).
-  CHECK(link_binding >= cases / 10);
-  CHECK(share_binding >= cases / 10);
+  CHECK(tally.link_binding >= tally.cases / 10);
+  CHECK(tally.share_binding >= tally.cases / 10);
+}
+
+TEST_CASE("offload bounds: V placement (zbv, dualpipev) plans do not go below them either") {
+  // Stage d holds virtual stages d and 2p - 1 - d: its two chunks' entries live on one device,
+  // and the turn (virtual stages p - 1 and p, both on stage p - 1) hands over without a message.
+  Tally tally;
+  for (const CostModel& cost : GridCosts()) {
+    for (const Family family : {Family::kZbv, Family::kDualPipeV}) {
+      for (const int p : {2, 4, 8}) {
+        for (const int m : {8, 16}) {
+          if (family == Family::kDualPipeV && m < 2 * p) continue;  // torch's own limit
+          CheckBoundsBelowPlans(MakeSpec(family, p, m, 2, 0, true), cost, &tally);
+        }
+      }
+    }
+  }
+  CHECK(tally.cases == 6 * (6 + 5) * 4);
+  CHECK(tally.link_binding >= tally.cases / 10);
+  CHECK(tally.share_binding >= tally.cases / 10);
 }
 
 TEST_CASE("offload bounds: rule out what auto compiled in vain in schedule_bench's auto case") {
