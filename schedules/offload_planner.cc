@@ -440,17 +440,6 @@ bool AtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
   return true;
 }
 
-// Whether no plan of `lowered`'s policy can pass AtMostTwoEntries, by the share bound
-// (share_bound.h): then PlanOnBaseline needs the plain plan beside the gated one whatever the
-// gated one does, and makes them side by side.
-bool NeverAtMostTwoEntries(const Schedule& lowered, const CostModel& cost) {
-  std::int64_t largest = 0;
-  for (int s = 0; s < lowered.spec.num_stages; ++s) {
-    largest = std::max(largest, LargestEntry(lowered, cost, s));
-  }
-  return internal::ShareLeastPeak(lowered, lowered.spec, cost) > 2 * largest;
-}
-
 // True when a plan with predictions `a` beats one with `b`: a lower peak on its worst stage,
 // then in total over the stages, then a shorter step.
 bool Better(const Predictions& a, const Predictions& b) {
@@ -602,7 +591,9 @@ absl::StatusOr<Schedule> PlanOnBaseline(
   std::vector<std::string> warnings;
   std::optional<Candidate> kept;
   const bool both_needed =
-      internal::CompileThreads() > 1 && NeverAtMostTwoEntries(lowered, cost);
+      internal::CompileThreads() > 1 &&
+      internal::NeverAtMostTwoEntries(lowered, cost,
+                                      internal::ShareLeastPeaks(lowered, lowered.spec, cost));
   for (const double share : {1.0, 0.5, 0.25, 0.0}) {
     if (share == 0.0) {
       PO_RETURN_IF_ERROR(validated_input());
@@ -716,6 +707,14 @@ absl::StatusOr<Schedule> PlanOffload(const Schedule& lowered, const CostModel& c
 }
 
 namespace internal {
+
+bool NeverAtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
+                           const std::vector<std::int64_t>& share_least_peaks) {
+  for (int s = 0; s < lowered.spec.num_stages; ++s) {
+    if (share_least_peaks[s] > 2 * LargestEntry(lowered, cost, s)) return true;
+  }
+  return false;
+}
 
 absl::StatusOr<Schedule> PlanOffloadOfLowered(const Schedule& lowered, const CostModel& cost) {
   return PlanOffloadImpl(lowered, cost, /*input_validated=*/true);

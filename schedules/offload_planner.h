@@ -3,6 +3,7 @@
 #ifndef PIPEOFFLOAD_SCHEDULES_OFFLOAD_PLANNER_H_
 #define PIPEOFFLOAD_SCHEDULES_OFFLOAD_PLANNER_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,15 @@ struct LoweredOrder {
 [[nodiscard]] absl::StatusOr<Schedule> PlanOffloadOfLoweredOrder(LoweredOrder* order,
                                                                  const PipelineSpec& resolved,
                                                                  const CostModel& cost);
+
+// Whether no plan of `lowered`'s policy keeps every stage at two of its largest entries or
+// fewer (the test that lets PlanOffloadOfLowered keep the gated plan alone), by the share bound
+// of each stage (`share_least_peaks`: ShareLeastPeaks of `lowered` under its spec, share_bound.h):
+// then the plain plan is needed beside the gated one whatever the gated one does, and the two
+// are made side by side. Stage by stage, since a stage of small entries can keep more than two
+// of them while a stage of larger ones keeps less.
+bool NeverAtMostTwoEntries(const Schedule& lowered, const CostModel& cost,
+                           const std::vector<std::int64_t>& share_least_peaks);
 
 // Compile's passes up to the offload planner for `spec` (REQUIRES: its offload is not kAuto,
 // recompute kNone), and the order they make: CompileLowered makes spec's plans of other offload

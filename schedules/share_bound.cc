@@ -1,4 +1,4 @@
-// ShareLeastPeak (share_bound.h): per stage, a few runs of its forwards, each with the best
+// ShareLeastPeaks (share_bound.h): per stage, a few runs of its forwards, each with the best
 // fractional choice of entries under the policy's cap.
 #include "schedules/share_bound.h"
 
@@ -82,17 +82,17 @@ double LeastAverage(const StageForwards& stage, int a, int b, double cap) {
 
 }  // namespace
 
-std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
-                            const CostModel& cost) {
-  if (spec.offload == OffloadPolicy::kNone || spec.offload == OffloadPolicy::kAuto) return 0;
-  double bound = 0.0;
+std::vector<std::int64_t> ShareLeastPeaks(const Schedule& lowered, const PipelineSpec& spec,
+                                          const CostModel& cost) {
+  std::vector<std::int64_t> least(lowered.stages.size(), 0);
+  if (spec.offload == OffloadPolicy::kNone || spec.offload == OffloadPolicy::kAuto) return least;
   for (const StageProgram& program : lowered.stages) {
     for (const Op& op : program.ops) {
-      if (IsRecompute(op.kind)) return 0;
+      if (IsRecompute(op.kind)) return least;
     }
   }
-  for (const StageProgram& program : lowered.stages) {
-    const StageForwards stage = Forwards(program, lowered.spec, cost);
+  for (std::size_t s = 0; s < lowered.stages.size(); ++s) {
+    const StageForwards stage = Forwards(lowered.stages[s], lowered.spec, cost);
     const int n = static_cast<int>(stage.held.size());
     if (n == 0) continue;
     const double requested = RequestedBytes(spec, stage.total_bytes);
@@ -100,14 +100,23 @@ std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
     const double cap = std::isinf(requested) ? requested : requested * (1.0 + 1e-9);
     // The whole run, and its middle half and quarter: a warm-up and a cool-down hold less, and
     // a run of the steady state binds where the whole one is pulled down by them.
+    double bound = 0.0;
     for (const auto& [from, to] : {std::pair{0, n - 1}, std::pair{n / 4, n - 1 - n / 4},
                                   std::pair{3 * n / 8, n - 1 - 3 * n / 8}}) {
       if (from > to) continue;
       bound = std::max(bound, LeastAverage(stage, from, to, cap));
     }
+    // A peak is whole bytes at or above the exact bound (the rounding here is far below a byte).
+    least[s] = static_cast<std::int64_t>(std::floor(bound));
   }
-  // A peak is whole bytes at or above the exact bound (the rounding here is far below a byte).
-  return static_cast<std::int64_t>(std::floor(bound));
+  return least;
+}
+
+std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
+                            const CostModel& cost) {
+  const std::vector<std::int64_t> least = ShareLeastPeaks(lowered, spec, cost);
+  // The floor of the largest exact bound is the largest of their floors (floor is monotone).
+  return least.empty() ? 0 : *std::max_element(least.begin(), least.end());
 }
 
 }  // namespace pipeoffload::internal

@@ -18,17 +18,23 @@
 #define PIPEOFFLOAD_SCHEDULES_SHARE_BOUND_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
 
 namespace pipeoffload::internal {
 
-// A lower bound, in bytes, on the largest per-stage peak_bytes of the offload plan of
-// `lowered` (a schedule without offload or recompute ops) under `spec`'s offload fields (its
-// policy, fraction and chunks; `lowered`'s own spec gives the order). Without a cap (po-f,
-// selective by chunks) it still counts what the entries' spans cannot cover. 0 for no offload
-// or auto, or a schedule with recompute ops.
+// Per stage (index: stage), a lower bound in bytes on that stage's peak_bytes in the offload
+// plan of `lowered` (a schedule without offload or recompute ops) under `spec`'s offload fields
+// (its policy, fraction and chunks; `lowered`'s own spec gives the order). Each stage's bound
+// holds on its own: it counts that stage's forwards and entries only. Without a cap (po-f,
+// selective by chunks) it still counts what the entries' spans cannot cover. All 0 for no
+// offload or auto, or a schedule with recompute ops.
+std::vector<std::int64_t> ShareLeastPeaks(const Schedule& lowered, const PipelineSpec& spec,
+                                          const CostModel& cost);
+
+// The largest of ShareLeastPeaks: a lower bound on the plan's largest per-stage peak_bytes.
 std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
                             const CostModel& cost);
 

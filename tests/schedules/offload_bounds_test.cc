@@ -152,6 +152,12 @@ void CheckBoundsBelowPlans(PipelineSpec spec, const CostModel& cost, Tally* tall
                                  << " d2h bandwidth=" << cost.d2h_bandwidth);
     CHECK(link <= MaxPeak(*plan->predictions));
     CHECK(share <= MaxPeak(*plan->predictions));
+    // The share bound holds stage by stage too (what NeverAtMostTwoEntries relies on).
+    const std::vector<std::int64_t> least = ShareLeastPeaks(order->posted, spec, cost);
+    for (int s = 0; s < spec.num_stages; ++s) {
+      INFO("stage " << s);
+      CHECK(least[s] <= plan->predictions->stages[s].peak_bytes);
+    }
     const std::int64_t entry = cost.ActivationBytes(0, 0, order->lowered.spec.stage_map());
     ++tally->cases;
     tally->link_binding += link > entry;
@@ -232,6 +238,32 @@ TEST_CASE("offload bounds: V placement (zbv, dualpipev) plans do not go below th
   CHECK(tally.cases == 6 * (6 + 5) * 4);
   CHECK(tally.link_binding >= tally.cases / 10);
   CHECK(tally.share_binding >= tally.cases / 10);
+}
+
+TEST_CASE("share bound per stage: a stage of small entries keeps more than two of them") {
+  // 1f1b p=4 m=8 as in the hand case above, with stage 3's entries four times the others'. Under
+  // selective 0.25 stage 0 keeps at least 5/2 of its entries (the hand case), more than two;
+  // stage 3 holds one entry at a time, four units. Against the largest entry of all (four
+  // units) no stage's bound exceeds two of it, so only the per-stage test sees that no plan
+  // keeps every stage at two of its own entries.
+  CostModel cost = UnitCostModel(0.25);
+  const std::int64_t entry = cost.activation_bytes;
+  cost.activation_bytes_per_virtual_stage = {entry, entry, entry, 4 * entry};
+  absl::StatusOr<LoweredOrder> order =
+      LowerOrder(MakeSpec(Family::k1F1B, 4, 8, 1, 0, false, OffloadPolicy::kFull), cost);
+  REQUIRE(order.ok());
+  PipelineSpec spec = order->lowered.spec;
+  spec.offload = OffloadPolicy::kSelective;
+  spec.offload_fraction = 0.25;
+  const std::vector<std::int64_t> least = ShareLeastPeaks(order->posted, spec, cost);
+  REQUIRE(least.size() == 4);
+  CHECK(least[0] == entry * 5 / 2);
+  CHECK(least[3] == 4 * entry);
+  CHECK(ShareLeastPeak(order->posted, spec, cost) < 2 * 4 * entry);
+  CHECK(NeverAtMostTwoEntries(order->posted, cost, least));
+  // po-f can take every entry off between its F and B: one entry of each stage remains.
+  spec.offload = OffloadPolicy::kFull;
+  CHECK(!NeverAtMostTwoEntries(order->posted, cost, ShareLeastPeaks(order->posted, spec, cost)));
 }
 
 TEST_CASE("offload bounds: rule out what auto compiled in vain in schedule_bench's auto case") {
