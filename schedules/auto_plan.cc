@@ -294,7 +294,7 @@ struct OrderSearch {
       const double max_step = lowered->baseline.step_time * (1.0 + kOverheadBudget) + 1e-12;
       link_rate_least = LinkRateLeastPeak(lowered->posted, lowered->posted_times, cost, max_step);
     }
-    const std::int64_t share = ShareLeastPeak(lowered->posted, candidate, cost);
+    const std::int64_t share = lowered->share_bounds.Largest(lowered->posted, candidate, cost);
     if (share > *link_rate_least) {
       return {share, "the policy's share keeps that much on the device"};
     }

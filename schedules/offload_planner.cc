@@ -573,11 +573,12 @@ absl::Status PostBaseline(const Schedule& lowered_in, const CostModel& cost, Pre
 // Steps 1 to 4 of the file comment, on the baseline PostBaseline made of `lowered_in`
 // (`lowered` is its posted schedule). REQUIRES: CheckRequest passed, spec.offload is not kNone
 // and the spec does not select nothing. `validated_input` validates `lowered_in` where it is
-// returned as it is.
+// returned as it is. `share_bounds` is the memo of `lowered`'s share bounds (its order's, so
+// that what auto asked of them is not computed again).
 absl::StatusOr<Schedule> PlanOnBaseline(
     const Schedule& lowered_in, const CostModel& cost, const Predictions& base,
     const Schedule& lowered, const Timeline& posted_times,
-    const std::function<absl::Status()>& validated_input) {
+    const std::function<absl::Status()>& validated_input, internal::ShareBoundMemo* share_bounds) {
   const PipelineSpec& spec = lowered_in.spec;
   // Plan two ways and keep the better plan that passes its check by simulation: on the lowered
   // timeline as it is, and on the one where warm-up forwards wait for the D2H of the entry
@@ -593,7 +594,7 @@ absl::StatusOr<Schedule> PlanOnBaseline(
   const bool both_needed =
       internal::CompileThreads() > 1 &&
       internal::NeverAtMostTwoEntries(lowered, cost,
-                                      internal::ShareLeastPeaks(lowered, lowered.spec, cost));
+                                      share_bounds->PerStage(lowered, lowered.spec, cost));
   for (const double share : {1.0, 0.5, 0.25, 0.0}) {
     if (share == 0.0) {
       PO_RETURN_IF_ERROR(validated_input());
@@ -697,7 +698,9 @@ absl::StatusOr<Schedule> PlanOffloadImpl(const Schedule& lowered_in, const CostM
   Schedule lowered;
   Timeline posted_times;
   PO_RETURN_IF_ERROR(PostBaseline(lowered_in, cost, &base, &lowered, &posted_times));
-  return PlanOnBaseline(lowered_in, cost, base, lowered, posted_times, validated_input);
+  internal::ShareBoundMemo share_bounds;  // this one plan's
+  return PlanOnBaseline(lowered_in, cost, base, lowered, posted_times, validated_input,
+                        &share_bounds);
 }
 
 }  // namespace
@@ -742,7 +745,7 @@ absl::StatusOr<Schedule> PlanOffloadOfLoweredOrder(LoweredOrder* order,
     return NothingSelected(lowered_in, order->baseline);
   }
   return PlanOnBaseline(lowered_in, cost, order->baseline, order->posted, order->posted_times,
-                        validated_input);
+                        validated_input, &order->share_bounds);
 }
 
 }  // namespace internal

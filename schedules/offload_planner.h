@@ -12,6 +12,7 @@
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
 #include "pipeoffload/simulate.h"
+#include "schedules/share_bound.h"
 
 namespace pipeoffload::internal {
 
@@ -36,6 +37,9 @@ struct LoweredOrder {
   Schedule posted;       // `lowered` posted at its transfers (or `lowered`, should that not
                          // keep every RECV before its consumer)
   Timeline posted_times;  // the baseline's op times, in `posted`'s order
+  // The share bound of `posted` per policy asked: auto asks it of a share before planning it,
+  // the planner again as it plans it; computed once (share_bound.h).
+  ShareBoundMemo share_bounds;
 };
 
 // LoweredOrder of `lowered` (REQUIRES: as for PlanOffloadOfLowered). Errors: those of Simulate.

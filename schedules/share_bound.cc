@@ -112,11 +112,38 @@ std::vector<std::int64_t> ShareLeastPeaks(const Schedule& lowered, const Pipelin
   return least;
 }
 
+namespace {
+
+// The largest of per-stage bounds: the floor of the largest exact bound is the largest of their
+// floors (floor is monotone), so this is the bound on the largest peak, bit for bit.
+std::int64_t LargestOf(const std::vector<std::int64_t>& least) {
+  return least.empty() ? 0 : *std::max_element(least.begin(), least.end());
+}
+
+}  // namespace
+
 std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
                             const CostModel& cost) {
-  const std::vector<std::int64_t> least = ShareLeastPeaks(lowered, spec, cost);
-  // The floor of the largest exact bound is the largest of their floors (floor is monotone).
-  return least.empty() ? 0 : *std::max_element(least.begin(), least.end());
+  return LargestOf(ShareLeastPeaks(lowered, spec, cost));
+}
+
+const std::vector<std::int64_t>& ShareBoundMemo::PerStage(const Schedule& lowered,
+                                                          const PipelineSpec& spec,
+                                                          const CostModel& cost) {
+  for (const Known& known : known_) {
+    if (known.offload == spec.offload && known.fraction == spec.offload_fraction &&
+        known.chunks == spec.offload_chunks) {
+      return known.least;
+    }
+  }
+  known_.push_back({spec.offload, spec.offload_fraction, spec.offload_chunks,
+                    ShareLeastPeaks(lowered, spec, cost)});
+  return known_.back().least;
+}
+
+std::int64_t ShareBoundMemo::Largest(const Schedule& lowered, const PipelineSpec& spec,
+                                     const CostModel& cost) {
+  return LargestOf(PerStage(lowered, spec, cost));
 }
 
 }  // namespace pipeoffload::internal

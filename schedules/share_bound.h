@@ -38,6 +38,33 @@ std::vector<std::int64_t> ShareLeastPeaks(const Schedule& lowered, const Pipelin
 std::int64_t ShareLeastPeak(const Schedule& lowered, const PipelineSpec& spec,
                             const CostModel& cost);
 
+// ShareLeastPeaks of one lowered order, computed once per offload policy asked of it: `auto`
+// asks it of a share to rule the share out before planning it (auto_plan.cc), and the planner
+// asks it again as it plans that share (NeverAtMostTwoEntries, offload_planner.cc); both reach
+// one memo through the order (LoweredOrder, offload_planner.h). Not thread-safe.
+class ShareBoundMemo {
+ public:
+  // ShareLeastPeaks(lowered, spec, cost), computed on the first call with spec's offload fields
+  // (the only part of `spec` it reads). REQUIRES: the same order (`lowered`, whose spec may
+  // differ in its offload fields only) and the same `cost` on every call. The reference is
+  // valid until the next call.
+  const std::vector<std::int64_t>& PerStage(const Schedule& lowered, const PipelineSpec& spec,
+                                            const CostModel& cost);
+  // The largest of PerStage: ShareLeastPeak.
+  std::int64_t Largest(const Schedule& lowered, const PipelineSpec& spec, const CostModel& cost);
+  // How many policies' bounds it has computed.
+  int computed() const { return static_cast<int>(known_.size()); }
+
+ private:
+  struct Known {
+    OffloadPolicy offload;
+    double fraction;
+    int chunks;
+    std::vector<std::int64_t> least;
+  };
+  std::vector<Known> known_;  // one per policy asked: a handful (auto's shares)
+};
+
 }  // namespace pipeoffload::internal
 
 #endif  // PIPEOFFLOAD_SCHEDULES_SHARE_BOUND_H_

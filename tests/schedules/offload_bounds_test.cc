@@ -15,6 +15,7 @@
 #include "schedules/offload_planner.h"
 #include "schedules/offload_policy.h"
 #include "tests/testing/catch.h"
+#include "tests/testing/compile_threads.h"
 #include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload::internal {
@@ -186,6 +187,42 @@ TEST_CASE("share bound: zbv p=2 m=4 by hand") {
   spec.offload = OffloadPolicy::kSelective;
   spec.offload_fraction = 0.25;
   CHECK(ShareLeastPeak(order->posted, spec, cost) == entry * 9 / 4);
+}
+
+TEST_CASE("share bound memo: auto's ask and the planner's are one computation per policy") {
+  // On two threads the planner asks the share bound of po-h (NeverAtMostTwoEntries) through the
+  // order's memo; auto's ask of the same share then finds it there, and each other policy is
+  // computed once, however often asked, with exactly ShareLeastPeaks' values.
+  const testing::ScopedCompileThreads two_threads("2");
+  const CostModel cost = UnitCostModel(0.25);
+  absl::StatusOr<LoweredOrder> order =
+      LowerOrder(MakeSpec(Family::kZbv, 2, 4, 2, 0, true, OffloadPolicy::kHalf), cost);
+  REQUIRE(order.ok());
+  const PipelineSpec half = order->lowered.spec;
+  REQUIRE(CompileLowered(half, cost, &*order).ok());
+  ShareBoundMemo& memo = order->share_bounds;
+  CHECK(memo.computed() == 1);
+  CHECK(memo.PerStage(order->posted, half, cost) == ShareLeastPeaks(order->posted, half, cost));
+  CHECK(memo.Largest(order->posted, half, cost) == ShareLeastPeak(order->posted, half, cost));
+  CHECK(memo.computed() == 1);
+  // Selective by fraction and by chunks: distinct policies, each computed once.
+  PipelineSpec quarter = half;
+  quarter.offload = OffloadPolicy::kSelective;
+  quarter.offload_fraction = 0.25;
+  PipelineSpec first_chunk = quarter;
+  first_chunk.offload_fraction = 0.0;
+  first_chunk.offload_chunks = 1;
+  for (int round = 0; round < 2; ++round) {
+    for (const PipelineSpec& spec : {quarter, first_chunk, half}) {
+      INFO("round " << round << ", " << OffloadPolicyName(spec.offload) << " fraction "
+                    << spec.offload_fraction << " chunks " << spec.offload_chunks);
+      CHECK(memo.PerStage(order->posted, spec, cost) ==
+            ShareLeastPeaks(order->posted, spec, cost));
+    }
+    CHECK(memo.computed() == 3);
+  }
+  REQUIRE(CompileLowered(quarter, cost, &*order).ok());
+  CHECK(memo.computed() == 3);
 }
 
 TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
