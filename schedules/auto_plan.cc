@@ -50,9 +50,8 @@
 // records po-f as tried and ruled out (counted among the candidates, logged with the bound).
 // Likewise a share whose policy keeps too much on the device (share_bound.h: po-h and the
 // selective shares of 1F1B at p=64 in schedule_bench's auto case) is ruled out in the
-// bisection as one that does not fit.
-// That needs no plan only when the search offloads alone; with recompute, the po-f plan is
-// where the mixed search starts.
+// bisection as one that does not fit; neither bound rules anything out with recompute, whose
+// mixed search starts from the po-f plan.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -195,7 +194,8 @@ struct Event {
   std::optional<std::int64_t> peak;  // kTried: the candidate's peak; nullopt: not compiled
   std::string error;                 // kTried that did not compile: why
   std::optional<Schedule> schedule;  // kConsider
-  // kTried ruled out without compiling it: the least peak it can have (link_rate_bound.h).
+  // kTried ruled out without compiling it: the least peak it can have (OrderSearch::LeastPeak:
+  // the larger of link_rate_bound.h's and share_bound.h's).
   std::optional<std::int64_t> least_peak = std::nullopt;
 };
 
@@ -282,7 +282,8 @@ struct OrderSearch {
 
   // The least peak any plan of share kShares[index] of the order can have, by the link-rate
   // bound (link_rate_bound.h: every plan the offload planner keeps is within kOverheadBudget of
-  // the order's step) and the share bound (share_bound.h), and which of them says so; 0 where
+  // the order's step) and the share bound (share_bound.h; kept on the lowered order, where the
+  // planner finds it again as it plans the share), and which of them says so; 0 where
   // neither applies. Only for a search that offloads alone: with recompute, the po-f plan is
   // where the mixed search starts, so it is compiled anyway.
   std::pair<std::int64_t, const char*> LeastPeak(int index) {
