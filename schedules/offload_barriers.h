@@ -57,8 +57,8 @@ struct PlannedTransfer {
 // Returns, for each member of a link group (`plans[i]` is member i; its stage number is
 // plans[i]->stage()), the BARRIER ops to insert, each side of a pair's k-th BARRIER with the
 // same key seq (k-th in (time, seq) order on both).
-inline std::vector<std::vector<InsertedOp>> PlanBarriers(const std::vector<const StagePlan*>& plans,
-                                                         const std::vector<PlannedTransfer>& transfers) {
+inline std::vector<std::vector<InsertedOp>> PlanBarriers(
+    const std::vector<const StagePlan*>& plans, const std::vector<PlannedTransfer>& transfers) {
   struct HandOver {
     int low = 0;   // the pair, low < high member index
     int high = 0;

@@ -54,8 +54,8 @@ std::string Bytes(std::int64_t bytes) {
 // Memory in the table's unit: chunk units for unit costs, GiB otherwise.
 std::string Memory(std::int64_t bytes, ReportUnits units) {
   if (!units.unit_costs) return Bytes(bytes);
-  return absl::StrFormat("%.3g", static_cast<double>(bytes) /
-                                     static_cast<double>(std::max<std::int64_t>(1, units.unit_bytes)));
+  const auto unit = static_cast<double>(std::max<std::int64_t>(1, units.unit_bytes));
+  return absl::StrFormat("%.3g", static_cast<double>(bytes) / unit);
 }
 
 std::string Percent(double ratio) { return absl::StrFormat("%.1f%%", ratio * 100); }
@@ -139,7 +139,9 @@ std::string FormatScheduleTable(const Schedule& schedule, ReportUnits units) {
   absl::StrAppend(&out, RenderTable({"stage", "ops", "busy", "peak", "peak w/o offload",
                                      "host", "offloaded"},
                                     rows));
-  for (const std::string& warning : pred.warnings) absl::StrAppend(&out, "warning: ", warning, "\n");
+  for (const std::string& warning : pred.warnings) {
+    absl::StrAppend(&out, "warning: ", warning, "\n");
+  }
   return out;
 }
 
@@ -198,11 +200,14 @@ std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
   }
   selective.label = selective.spec.offload_chunks > 0
                         ? absl::StrCat("selective ", selective.spec.offload_chunks, " chunk(s)")
-                        : absl::StrFormat("selective %.0f%%", selective.spec.offload_fraction * 100);
+                        : absl::StrFormat("selective %.0f%%",
+                                          selective.spec.offload_fraction * 100);
   rows.push_back(std::move(selective));
   ComparisonRow automatic = make("", base.family, OffloadPolicy::kAuto);
   automatic.spec.chunks_per_stage = base.chunks_per_stage;
-  if (automatic.spec.memory_budget_bytes <= 0) automatic.spec.memory_budget_bytes = auto_budget_bytes;
+  if (automatic.spec.memory_budget_bytes <= 0) {
+    automatic.spec.memory_budget_bytes = auto_budget_bytes;
+  }
   automatic.label = absl::StrCat("auto (budget ", Bytes(automatic.spec.memory_budget_bytes), ")");
   if (base.memory_budget_bytes <= 0) automatic.label = "auto (budget: half the 1f1b peak)";
   rows.push_back(std::move(automatic));

@@ -33,8 +33,9 @@ struct ComparisonRow {
 // The specs `po-schedule compare` weighs for `base` (p, m, v, g, split backward, offload
 // options taken from it):
 // 1f1b, interleaved, group-interleaved, po-h, po-f on group-interleaved, po-f on 1f1b,
-// recompute full and lean on 1f1b, zbv / dualpipev, selective, and auto (with base.memory_budget_bytes, or half of the largest 1F1B peak when
-// none is given: `auto_budget_bytes`).
+// recompute full and lean on 1f1b, zbv / dualpipev, selective, and auto (with
+// base.memory_budget_bytes, or half of the largest 1F1B peak when none is given:
+// `auto_budget_bytes`).
 std::vector<ComparisonRow> ComparisonRows(const PipelineSpec& base,
                                           std::int64_t auto_budget_bytes);
 
