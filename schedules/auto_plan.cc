@@ -583,9 +583,10 @@ struct Search {
 };
 
 // Compiles the orders' candidates on the compiler's threads and replays them into a Search in
-// order (the file comment). The tasks: every order's plain plan, in order, then the searches of
-// the orders likely to be wanted (Wanted), the largest first, so that the longest start first;
-// at most kOrdersInFlight at once. Whichever thread ends a task replays what is ready, one
+// order (the file comment). The tasks: every order's plain plan, in order, and the searches of
+// the orders likely to be wanted (Wanted), each as soon as it is known to be wanted and before
+// the next plain plan, the largest first, so that the longest start first; at most
+// kOrdersInFlight at once. Whichever thread ends a task replays what is ready, one
 // thread at a time; the replay searches an order itself when no thread has, so on one thread
 // this is the sequential search, and a guess that missed costs time, never the result.
 class OrderScheduler {
@@ -697,11 +698,9 @@ class OrderScheduler {
   bool NextTask(std::unique_lock<std::mutex>& lock, Task* task) {
     const int count = static_cast<int>(slots_.size());
     while (!failed_) {
-      if (next_plain_ < count) {
-        *task = {next_plain_++, false};
-        ++plains_running_;
-        return true;
-      }
+      // A wanted search before the next plain plan: a search takes several plain plans' time
+      // and the replay is likely to need it (Wanted), so it starts as soon as that is known
+      // (the longest first) rather than after every plain plan has been dispatched.
       int pick = -1;
       for (int i = replayed_; i < count; ++i) {
         // Of two as large, the later: its groups are larger, which takes the planner longer.
@@ -710,6 +709,11 @@ class OrderScheduler {
       if (pick >= 0) {
         slots_[pick].search = SearchState::kRunning;
         *task = {pick, true};
+        return true;
+      }
+      if (next_plain_ < count) {
+        *task = {next_plain_++, false};
+        ++plains_running_;
         return true;
       }
       if (plains_running_ == 0) return false;
