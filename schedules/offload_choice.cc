@@ -70,25 +70,31 @@ namespace {
 // intervals: one entry lowers as much of what follows as any could). False when none can.
 bool CoverPoint(LinkGroupPlan& group, int member, const ProgramKey& at) {
   StagePlan& plan = group.plans[member];
-  std::optional<Placement> best;
-  int best_entry = -1;
-  // The candidates resident at `at`; equal reaches go to the first in the member's order (the
-  // longest-lived). Visited as the scan finds them: most of the ~500 resident at a peak are
-  // committed already, and a list of them all would cost more than the choice.
-  const std::vector<int>& rank = group.rank[member];
-  plan.ForEachResident(at, [&](int e) {
-    if (!group.Open(member, e)) return;
-    const std::optional<Placement>& p = group.Find(member, e);
-    if (!p || !plan.Covers(*p, at)) return;
-    if (!best || plan.ReloadKey(*best) < plan.ReloadKey(*p) ||
-        (!(plan.ReloadKey(*p) < plan.ReloadKey(*best)) && rank[e] < rank[best_entry])) {
-      best = p;
-      best_entry = e;
+  PlacementCache& cache = group.caches[member];
+  // Only a candidate resident at `at` can cover it: those whose answer is not remembered yet
+  // are found first (in the blocks that hold any: most resident entries are committed or
+  // remembered), and the cache's index answers for all of them; equal reaches go to the first
+  // in the member's order (the longest-lived).
+  plan.ForEachResidentIn(
+      at, [&](int block) { return cache.Unsettled(block); },
+      [&](int e) {
+        if (cache.Remembers(e) || cache.Closed(e)) return;
+        if (group.Open(member, e)) {
+          group.Find(member, e);
+        } else {
+          cache.Close(e);  // for good (PlacementCache::Close)
+        }
+      });
+  for (;;) {
+    const int best = cache.LatestCovering(at);
+    if (best < 0) return false;
+    if (group.Open(member, best)) {
+      const Placement p = **cache.Get(best);  // Commit may forget the cached one
+      group.Commit(member, best, p);
+      return true;
     }
-  });
-  if (!best) return false;
-  group.Commit(member, best_entry, *best);
-  return true;
+    cache.Close(best);  // over the budget, for good
+  }
 }
 
 // For a group of two or more stages: offloads the entries resident at each member's first

@@ -20,6 +20,7 @@
 
 #include "pipeoffload/cost_model.h"
 #include "pipeoffload/schedule.h"
+#include "schedules/cover_index.h"
 #include "schedules/offload_stage_plan.h"
 #include "schedules/slot_occupancy.h"
 
@@ -35,11 +36,22 @@ namespace pipeoffload::internal {
 // Time is cut into buckets (about one per entry, over [0, the latest B]; later instants share
 // the last one); an entry is registered in every bucket its intervals meet, and a registration
 // outlives a Reset until a scan drops it (each carries the generation of its entry's answer).
+// The remembered placements of the entries not closed (Close) are also in a CoverIndex, and
+// each block of StagePlan::ForEachResidentIn counts its entries neither remembered nor closed.
 class PlacementCache {
  public:
-  explicit PlacementCache(const StagePlan& plan) {
+  explicit PlacementCache(const StagePlan& plan)
+      : cover_(plan.num_ops() + 1, static_cast<int>(plan.entries().size())) {
     const auto& entries = plan.entries();
     known_.resize(entries.size());
+    remembered_.assign(entries.size(), 0);
+    closed_.assign(entries.size(), 0);
+    block_of_.resize(entries.size());
+    unsettled_.assign(static_cast<std::size_t>(plan.NumResidentBlocks()), 0);
+    for (int e = 0; e < static_cast<int>(entries.size()); ++e) {
+      block_of_[e] = plan.ResidentBlock(e);
+      ++unsettled_[block_of_[e]];
+    }
     generation_.assign(entries.size(), 0);
     seen_.assign(entries.size(), 0);
     double horizon = 0.0;
@@ -51,9 +63,14 @@ class PlacementCache {
   }
 
   const std::optional<std::optional<Placement>>& Get(int entry) const { return known_[entry]; }
+  // Get(entry).has_value(), from a dense array: CoverPoint asks it of every resident entry.
+  bool Remembers(int entry) const { return remembered_[entry] != 0; }
 
-  void Put(const StagePlan& plan, int entry, const std::optional<Placement>& p) {
+  // `rank`: the entry's place in the member's order (CoverIndex's tie-break).
+  void Put(const StagePlan& plan, int entry, int rank, const std::optional<Placement>& p) {
+    if (!remembered_[entry] && !closed_[entry]) --unsettled_[block_of_[entry]];
     known_[entry] = p;
+    remembered_[entry] = 1;
     const OffloadEntry& e = plan.entries()[entry];
     if (!p) {
       Register(entry, e.forward_end, e.use_start);
@@ -62,12 +79,33 @@ class PlacementCache {
     Register(entry, std::min(e.forward_end, p->offload_start),
              std::max(p->offload_end, plan.SearchHigh(p->offload_search_gap)));
     Register(entry, p->reload_start, std::max(p->reload_end, e.use_start));
+    cover_.Put(entry, rank, *p);
   }
 
   void Reset(int entry) {
+    if (remembered_[entry] && !closed_[entry]) ++unsettled_[block_of_[entry]];
     known_[entry].reset();
+    remembered_[entry] = 0;
     ++generation_[entry];
+    cover_.Drop(entry);
   }
+
+  // The entry is no choice any more, for good (committed, not a candidate, or over its
+  // member's budget, which only shrinks): CoverIndex forgets it; its answer stays remembered.
+  void Close(int entry) {
+    cover_.Drop(entry);
+    if (closed_[entry]) return;
+    closed_[entry] = 1;
+    if (!remembered_[entry]) --unsettled_[block_of_[entry]];
+  }
+  bool Closed(int entry) const { return closed_[entry] != 0; }
+  // True when block `block` of StagePlan::ForEachResidentIn holds an entry neither closed nor
+  // remembered: only there can CoverPoint find one to ask FindPlacement of.
+  bool Unsettled(int block) const { return unsettled_[block] > 0; }
+
+  // Of the remembered placements not closed, the one that covers `at` (StagePlan::Covers) and
+  // reloads last, equal ones the lowest rank; -1 when none does (CoverIndex).
+  int LatestCovering(const ProgramKey& at) const { return cover_.LatestCovering(at); }
 
   // Starts a new round of ForEachRegistered: each entry is visited at most once per round.
   void NewRound() { ++round_; }
@@ -113,11 +151,16 @@ class PlacementCache {
   }
 
   std::vector<std::optional<std::optional<Placement>>> known_;  // [entry]
+  std::vector<char> remembered_;                                // [entry]: known_ has a value
+  std::vector<char> closed_;                                    // [entry]: Close'd
+  std::vector<int> block_of_;                                   // [entry]: ResidentBlock
+  std::vector<int> unsettled_;  // [block]: its entries neither remembered nor closed
   std::vector<std::uint32_t> generation_;                       // [entry]: Resets so far
   std::vector<std::uint32_t> seen_;                             // [entry]: its last round
   std::uint32_t round_ = 0;
   std::vector<std::vector<Registration>> buckets_;
   double scale_ = 0.0;  // buckets per time unit
+  CoverIndex cover_;    // the remembered placements, for CoverPoint
 };
 
 // One link group being planned: its stages, their link timelines and copy engines, and what
@@ -157,6 +200,7 @@ struct LinkGroupPlan {
     plans[member].Commit(entry, p, Resources(member), offload_booked);
     budget[member] -= static_cast<double>(plans[member].entries()[entry].bytes);
     open[member][entry] = -1;
+    caches[member].Close(entry);
     Invalidate(member, p);
   }
 
@@ -171,7 +215,8 @@ struct LinkGroupPlan {
   const std::optional<Placement>& Find(int member, int entry) {
     PlacementCache& cache = caches[member];
     if (const auto& known = cache.Get(entry)) return *known;
-    cache.Put(plans[member], entry, plans[member].FindPlacement(entry, Resources(member)));
+    cache.Put(plans[member], entry, rank[member][entry],
+              plans[member].FindPlacement(entry, Resources(member)));
     return *cache.Get(entry);
   }
   // Forgets the remembered placements that committing `done` for member `committer` may have

@@ -339,18 +339,20 @@ struct Checked {
 // back: the kept plan's report needs no more, and a timeline of every op is the largest object
 // planning makes. Validation and the simulation share nothing, so for a large schedule, where
 // the compiler has threads, they run side by side, and so does the plan's StepWithoutTransfers
-// on `plain`: a number only the kept plan reports, found here while a thread is free (else at
-// PlanOffloadImpl's end, for that plan alone). A small schedule is checked one part at a time,
-// simulated only once it validates.
+// on `plain` unless `step_later`: a number only the kept plan reports, found here while a
+// thread is free (else at PlanOnBaseline's end, for that plan alone). `step_later` where
+// another plan is made on the other threads meanwhile: none is free then, and a gated plan's
+// number is a whole simulation, lost where the other plan is kept (po-h at p=64 m=512 v=4). A
+// small schedule is checked one part at a time, simulated only once it validates.
 Checked Check(const Schedule& planned, const Schedule& plain, const CostModel& cost,
-              const Predictions& baseline) {
+              const Predictions& baseline, bool step_later) {
   Checked checked;
   absl::Status valid;
   absl::StatusOr<Timeline> simulated;
   const bool alongside = internal::CompileThreads() > 1 &&
                          internal::TotalOps(planned.stages) >= internal::kItemsWorthThreads;
   if (alongside) {
-    internal::ParallelFor(internal::HasTransfers(planned) ? 3 : 2, [&](int task) {
+    internal::ParallelFor(internal::HasTransfers(planned) && !step_later ? 3 : 2, [&](int task) {
       if (task == 0) {
         valid = Validate(planned);
       } else if (task == 1) {
@@ -467,13 +469,13 @@ struct Candidate {
 
 // Plans `share` on `lowered` (timeline `times`; gated when `copies` is not null), emits and
 // checks the plan: "" with *out set when it passes, else what is wrong. `plain` is the program
-// the plan's step without transfers is measured against (Check). The plan itself is freed
-// before the check's simulation.
+// the plan's step without transfers is measured against (Check, as `step_later` says). The
+// plan itself is freed before the check's simulation.
 std::string PlanAndCheck(const Schedule& lowered, const Schedule& plain, const CostModel& cost,
                          const Timeline& times, const Predictions& base, double share,
                          const std::vector<std::vector<GatedCopy>>* copies,
                          const std::vector<GatedBarrier>* gated_barriers,
-                         std::optional<Candidate>* out) {
+                         std::optional<Candidate>* out, bool step_later = false) {
   PipelinePlan plan = MakePlan(lowered, cost, times, share, copies, gated_barriers);
   if (!plan.ok) return "it finds no RELOAD for a gated entry";
   Schedule planned = Emit(lowered, plan);
@@ -482,7 +484,7 @@ std::string PlanAndCheck(const Schedule& lowered, const Schedule& plain, const C
   internal::ParallelFor(static_cast<int>(plan.groups.size()),
                         [&](int g) { plan.groups[g] = LinkGroupPlan(); });
   plan.groups = {};
-  Checked checked = Check(planned, plain, cost, base);
+  Checked checked = Check(planned, plain, cost, base, step_later);
   if (!checked.problem.empty()) return checked.problem;
   std::string shortfall = internal::ShortfallWarning(
       lowered.spec, cost, plan, checked.predictions.step_time, base.step_time);
@@ -512,12 +514,13 @@ std::optional<GatedTimeline> GateWarmup(const Schedule& lowered, const CostModel
 }
 
 // The gated candidate (PlanAndCheck on the gated timeline, which is freed on return), or
-// nullopt when its plan fails the check.
+// nullopt when its plan fails the check. `beside_plain`: the plain plan is made meanwhile.
 std::optional<Candidate> PlanGated(GatedTimeline timeline, const Schedule& lowered,
-                                   const CostModel& cost, const Predictions& base, double share) {
+                                   const CostModel& cost, const Predictions& base, double share,
+                                   bool beside_plain) {
   std::optional<Candidate> gated;
   PlanAndCheck(timeline.lowered, lowered, cost, timeline.times, base, share, &timeline.copies,
-               &timeline.barriers, &gated);
+               &timeline.barriers, &gated, /*step_later=*/beside_plain);
   return gated;
 }
 
@@ -620,7 +623,8 @@ absl::StatusOr<Schedule> PlanOnBaseline(
     if (both_needed && gated_timeline) {
       internal::ParallelFor(2, [&](int task) {
         if (task == 0) {
-          gated = PlanGated(*std::move(gated_timeline), lowered, cost, base, share);
+          gated = PlanGated(*std::move(gated_timeline), lowered, cost, base, share,
+                            /*beside_plain=*/true);
         } else {
           plan_plain();
         }
@@ -632,7 +636,8 @@ absl::StatusOr<Schedule> PlanOnBaseline(
       }
     } else {
       if (gated_timeline) {
-        gated = PlanGated(*std::move(gated_timeline), lowered, cost, base, share);
+        gated = PlanGated(*std::move(gated_timeline), lowered, cost, base, share,
+                          /*beside_plain=*/false);
       }
       if (gated && AtMostTwoEntries(lowered, cost, gated->predictions)) {
         kept = std::move(gated);

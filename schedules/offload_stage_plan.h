@@ -368,6 +368,16 @@ class StagePlan {
   // Calls visit(entry) for each of them, in the order ResidentEntries lists them.
   template <typename Visit>
   void ForEachResident(const ProgramKey& x, Visit visit) const {
+    ForEachResidentIn(x, [](int) { return true; }, visit);
+  }
+
+  // The entries are scanned in blocks (by F); an entry's block, and how many there are.
+  int ResidentBlock(int entry) const { return block_of_[entry]; }
+  int NumResidentBlocks() const { return static_cast<int>(block_free_.size()); }
+
+  // ForEachResident over the blocks `wanted(block)` keeps: the others are not read.
+  template <typename Wanted, typename Visit>
+  void ForEachResidentIn(const ProgramKey& x, Wanted wanted, Visit visit) const {
     // Resident at x: F at or before baseline index a, freed after it (see ResidentAt).
     const int a = x.baseline ? x.gap : x.gap - 1;
     const auto end =
@@ -378,7 +388,7 @@ class StagePlan {
         std::upper_bound(block_free_running_.begin(), block_free_running_.end(), a) -
         block_free_running_.begin());
     for (int block = from; block * kBlock < count; ++block) {
-      if (block_free_[block] <= a) continue;
+      if (block_free_[block] <= a || !wanted(block)) continue;
       for (int i = block * kBlock; i < std::min(count, (block + 1) * kBlock); ++i) {
         if (free_by_forward_[i] > a) visit(by_forward_[i]);
       }
@@ -665,6 +675,8 @@ class StagePlan {
     });
     for (const int e : by_forward_) free_by_forward_.push_back(entries_[e].free_index);
     const int count = static_cast<int>(by_forward_.size());
+    block_of_.resize(entries_.size());
+    for (int i = 0; i < count; ++i) block_of_[by_forward_[i]] = i / kBlock;
     for (int i = 0; i < count; i += kBlock) {
       int most = -1;
       double latest = -std::numeric_limits<double>::infinity();
@@ -699,6 +711,7 @@ class StagePlan {
   // Their free indexes in that order: the resident scan reads these densely instead of one
   // entry record (spread over the stage's entries) per candidate.
   std::vector<int> free_by_forward_;
+  std::vector<int> block_of_;                      // [entry]: its place in them / kBlock
   std::vector<int> block_free_;                    // per kBlock of them: the latest free index
   std::vector<double> block_use_;                  // ... and the latest use_start
   std::vector<int> block_free_running_;            // running maxima of the two over blocks

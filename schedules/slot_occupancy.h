@@ -9,46 +9,30 @@
 #ifndef PIPEOFFLOAD_SCHEDULES_SLOT_OCCUPANCY_H_
 #define PIPEOFFLOAD_SCHEDULES_SLOT_OCCUPANCY_H_
 
-#include <algorithm>
 #include <cstddef>
 #include <iterator>
 #include <limits>
-#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 
 namespace pipeoffload::internal {
 
 class SlotOccupancy {
-  // (First: the member functions below deduce their iterators' types from these.)
-  struct Interval {
-    double start;
-    double end;
-  };
-  // Iterators into `busy` (const or not, as it is).
-  template <typename Intervals>
-  static auto FirstStartingAfter(Intervals& busy, double t) {
-    return std::upper_bound(busy.begin(), busy.end(), t,
-                            [](double x, const Interval& b) { return x < b.start; });
-  }
-  template <typename Intervals>
-  static auto FirstStartingAtOrAfter(Intervals& busy, double t) {
-    return std::lower_bound(busy.begin(), busy.end(), t,
-                            [](const Interval& b, double x) { return b.start < x; });
-  }
-
  public:
   // True when [start, end) overlaps nothing booked so far.
   bool IsFree(double start, double end) const {
     if (!(end > start)) {
-      auto next = FirstStartingAfter(busy_, start);
-      return next == busy_.begin() || !(start < std::prev(next)->end) ||
-             std::prev(next)->start == start;
+      auto next = busy_.upper_bound(start);
+      return next == busy_.begin() || !(start < std::prev(next)->second) ||
+             std::prev(next)->first == start;
     }
     // The first booked interval starting at or after `end` cannot overlap; the one before it
     // is the only candidate, because booked intervals are kept disjoint (merged on Add).
-    auto next = FirstStartingAtOrAfter(busy_, end);
+    auto next = busy_.lower_bound(end);
     if (next == busy_.begin()) return true;
-    const Interval& busy = *std::prev(next);
-    return !(busy.start < end && start < busy.end);
+    const auto& [busy_start, busy_end] = *std::prev(next);
+    return !(busy_start < end && start < busy_end);
   }
 
   // For a non-empty [start, end) that is not free: the start of the earliest booked interval
@@ -57,17 +41,17 @@ class SlotOccupancy {
   // latest (a search forwards may jump to it). NaN when [start, end) is free or empty.
   double EarliestOverlapStart(double start, double end) const {
     if (!(end > start)) return std::numeric_limits<double>::quiet_NaN();
-    auto it = FirstStartingAfter(busy_, start);
-    if (it != busy_.begin() && std::prev(it)->end > start) return std::prev(it)->start;
-    if (it != busy_.end() && it->start < end) return it->start;
+    auto it = busy_.upper_bound(start);
+    if (it != busy_.begin() && std::prev(it)->second > start) return std::prev(it)->first;
+    if (it != busy_.end() && it->first < end) return it->first;
     return std::numeric_limits<double>::quiet_NaN();
   }
   double LatestOverlapEnd(double start, double end) const {
     if (!(end > start)) return std::numeric_limits<double>::quiet_NaN();
-    auto it = FirstStartingAtOrAfter(busy_, end);
+    auto it = busy_.lower_bound(end);
     if (it == busy_.begin()) return std::numeric_limits<double>::quiet_NaN();
     --it;
-    return it->end > start ? it->end : std::numeric_limits<double>::quiet_NaN();
+    return it->second > start ? it->second : std::numeric_limits<double>::quiet_NaN();
   }
 
   // Books [start, end), merging it with whatever it overlaps or touches. Booking an interval
@@ -76,63 +60,60 @@ class SlotOccupancy {
   void Add(double start, double end) {
     if (!(end > start)) return;
     // [from, to): the booked intervals the new one overlaps or touches, replaced by the union.
-    const auto after = FirstStartingAfter(busy_, start);
+    const auto after = busy_.upper_bound(start);
     auto from = after;
-    if (after != busy_.begin() && std::prev(after)->end >= start) {
+    if (after != busy_.begin() && std::prev(after)->second >= start) {
       from = std::prev(after);
-      start = from->start;
-      if (from->end > end) end = from->end;
+      start = from->first;
+      if (from->second > end) end = from->second;
     }
     auto to = after;
-    for (; to != busy_.end() && to->start <= end; ++to) {
-      if (to->end > end) end = to->end;
+    for (; to != busy_.end() && to->first <= end; ++to) {
+      if (to->second > end) end = to->second;
     }
-    if (from == to) {
-      busy_.insert(from, Interval{start, end});
+    if (from != after) {  // the union starts where `from` does: it keeps its key
+      from->second = end;
+      busy_.erase(std::next(from), to);
       return;
     }
-    *from = Interval{start, end};
-    busy_.erase(std::next(from), to);
+    busy_.insert(busy_.erase(from, to), {start, end});
   }
 
   // Total booked time (the union of the intervals).
   double BusyTime() const {
     double total = 0.0;
-    for (const Interval& busy : busy_) total += busy.end - busy.start;
+    for (const auto& [start, end] : busy_) total += end - start;
     return total;
   }
 
   int NumIntervals() const { return static_cast<int>(busy_.size()); }
 
  private:
-  // By start; disjoint and non-touching after Add. A sorted vector, not a map: the planner
-  // searches it far more often than it books (every placement search probes it many times),
-  // and a link group's plan is copied whole (ChooseEntries), a memcpy instead of a node per
-  // interval.
-  std::vector<Interval> busy_;
+  // Start to end; disjoint and non-touching after Add. A B-tree: the planner searches it far
+  // more often than it books (every placement search probes it many times), and a link
+  // group's plan is copied whole (ChooseEntries), so its nodes hold many intervals each; a
+  // sorted vector moved half of itself per booking.
+  absl::btree_map<double, double> busy_;
 };
 
 // A multiset of instants (the ends of booked copies, where a later copy may start), as a
-// sorted vector: the placement searches walk it by binary search and iteration far more often
-// than a commit adds to it, and a link group's plan is copied whole. Equal instants keep their
-// insertion order, as std::multiset::insert does.
+// B-tree: the placement searches walk it by binary search and iteration far more often than a
+// commit adds to it, and a link group's plan is copied whole, so its nodes hold many instants
+// each; a sorted vector moved half of itself per insert (thousands of copies a link group at
+// p=64 m=512 v=4; issue 15). Equal instants are indistinguishable.
 class SortedTimes {
  public:
-  using const_iterator = std::vector<double>::const_iterator;
+  using const_iterator = absl::btree_multiset<double>::const_iterator;
 
-  void insert(double t) { times_.insert(upper_bound(t), t); }
-  const_iterator lower_bound(double t) const {
-    return std::lower_bound(times_.begin(), times_.end(), t);
-  }
-  const_iterator upper_bound(double t) const {
-    return std::upper_bound(times_.begin(), times_.end(), t);
-  }
+  void insert(double t) { times_.insert(t); }
+  const_iterator lower_bound(double t) const { return times_.lower_bound(t); }
+  const_iterator upper_bound(double t) const { return times_.upper_bound(t); }
   const_iterator begin() const { return times_.begin(); }
   const_iterator end() const { return times_.end(); }
   std::size_t size() const { return times_.size(); }
 
  private:
-  std::vector<double> times_;
+  absl::btree_multiset<double> times_;
 };
 
 }  // namespace pipeoffload::internal
