@@ -9,76 +9,22 @@
 #include <limits>
 #include <vector>
 
+#include "schedules/compute_chains.h"
+
 namespace pipeoffload::internal {
 namespace {
 
-// The compute ops of every stage, in program order, numbered stage after stage.
-struct ComputeOps {
-  std::vector<int> first;  // [stage]: number of its first op; first[p] = total
-  std::vector<Op> ops;
-  std::vector<double> duration;
-};
-
-ComputeOps Collect(const Timeline& times) {
-  ComputeOps out;
-  for (const std::vector<TimedOp>& stage : times.stages) {
-    out.first.push_back(static_cast<int>(out.ops.size()));
-    for (const TimedOp& t : stage) {
-      if (!IsCompute(t.op.kind)) continue;
-      out.ops.push_back(t.op);
-      out.duration.push_back(t.end - t.start);
-    }
-  }
-  out.first.push_back(static_cast<int>(out.ops.size()));
-  return out;
-}
-
 // Latest starts (the file comment of the header): LS = max_step - duration for an op nothing
 // follows; else the least of its successors' LS less its duration. Successors: the next op of
-// its stage, and the op its output feeds on another virtual stage (F to the next one's F, B to
-// the previous one's B). Empty when the ops do not form a DAG that way (then nothing binds).
-std::vector<double> LatestStarts(const ComputeOps& all, const PipelineSpec& spec,
-                                 double max_step) {
-  const VirtualStageMap map = spec.stage_map();
-  const int p = spec.num_stages;
-  const int m = spec.num_microbatches;
-  const int virtual_stages = map.num_virtual_stages();
-  const int n = static_cast<int>(all.ops.size());
-  // Op numbers of F and B per (virtual stage, mb), -1 where absent.
-  const std::size_t slots = static_cast<std::size_t>(virtual_stages) * m;
-  std::vector<int> forward(slots, -1), backward(slots, -1);
-  std::vector<int> stage_of(n);
-  for (int s = 0; s < p; ++s) {
-    for (int i = all.first[s]; i < all.first[s + 1]; ++i) {
-      stage_of[i] = s;
-      const Op& op = all.ops[i];
-      if (op.mb < 0 || op.mb >= m || op.chunk < 0 || op.chunk >= spec.chunks_per_stage) continue;
-      const std::size_t slot =
-          static_cast<std::size_t>(map.virtual_stage(s, op.chunk)) * m + op.mb;
-      if (op.kind == OpKind::kForward) forward[slot] = i;
-      if (op.kind == OpKind::kBackward) backward[slot] = i;
-    }
-  }
-  // The op fed by op i on another virtual stage, or -1.
-  const auto fed = [&](int i) {
-    const Op& op = all.ops[i];
-    if (op.mb < 0 || op.mb >= m || op.chunk < 0 || op.chunk >= spec.chunks_per_stage) return -1;
-    const int vs = map.virtual_stage(stage_of[i], op.chunk);
-    if (op.kind == OpKind::kForward && vs + 1 < virtual_stages) {
-      return forward[static_cast<std::size_t>(vs + 1) * m + op.mb];
-    }
-    if (op.kind == OpKind::kBackward && vs > 0) {
-      return backward[static_cast<std::size_t>(vs - 1) * m + op.mb];
-    }
-    return -1;
-  };
+// its stage, and the op its output feeds on another virtual stage (compute_chains.h). Empty
+// when the ops do not form a DAG that way (then nothing binds).
+std::vector<double> LatestStarts(const ComputeChains& all, double max_step) {
+  const int n = all.size();
   // Reverse topological order (Kahn): an op is done once its successors are.
   std::vector<int> feeder(n, -1), pending(n, 0);
   for (int i = 0; i < n; ++i) {
-    const int next = i + 1 < all.first[stage_of[i] + 1] ? i + 1 : -1;
-    const int to = fed(i);
-    pending[i] = (next >= 0) + (to >= 0);
-    if (to >= 0) feeder[to] = i;
+    pending[i] = (all.next(i) >= 0) + (all.fed[i] >= 0);
+    if (all.fed[i] >= 0) feeder[all.fed[i]] = i;
   }
   std::vector<double> latest(n, max_step);
   std::vector<int> ready;
@@ -96,7 +42,7 @@ std::vector<double> LatestStarts(const ComputeOps& all, const PipelineSpec& spec
       latest[before] = std::min(latest[before], latest[i]);
       if (--pending[before] == 0) ready.push_back(before);
     };
-    if (i > all.first[stage_of[i]]) relax(i - 1);
+    if (i > all.first[all.stage_of[i]]) relax(i - 1);
     relax(feeder[i]);
   }
   if (done != n) return {};
@@ -113,11 +59,11 @@ std::int64_t LinkRateLeastPeak(const Schedule& lowered, const Timeline& times,
   // keep a plan's copies one at a time (the header comment).
   if (cost.p2p_shares_host_link) return 0;
   if (static_cast<int>(times.stages.size()) != p || spec.num_microbatches < 1) return 0;
-  const ComputeOps all = Collect(times);
+  const ComputeChains all = CollectComputeChains(times, spec);
   for (const Op& op : all.ops) {
     if (IsRecompute(op.kind)) return 0;
   }
-  const std::vector<double> latest = LatestStarts(all, spec, max_step);
+  const std::vector<double> latest = LatestStarts(all, max_step);
   if (latest.empty()) return 0;
   const VirtualStageMap map = spec.stage_map();
   const OpKind frees = spec.split_backward ? OpKind::kBackwardWeight : OpKind::kBackward;

@@ -13,6 +13,7 @@
 #include "lib/base/parallel_for.h"
 #include "lib/ir/grid_index.h"
 #include "lib/sim/simulate_parts.h"
+#include "schedules/gated_step_bound.h"
 #include "schedules/offload_policy.h"
 
 namespace pipeoffload::internal {
@@ -172,8 +173,8 @@ std::vector<int> GateableForwards(const Schedule& lowered, const CostModel& cost
   return forwards;
 }
 
+}  // namespace
 
-// GatedWarmup for one choice of forwards to gate (per stage, program indices in order).
 bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predictions& base,
                   const std::vector<std::vector<int>>& gated, Schedule* gated_lowered,
                   Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
@@ -297,8 +298,6 @@ bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predicti
   return true;
 }
 
-}  // namespace
-
 bool GatedWarmup(const Schedule& lowered, const CostModel& cost, const Timeline& times,
                  const Predictions& base, double share, Schedule* gated_lowered,
                  Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
@@ -315,7 +314,13 @@ bool GatedWarmup(const Schedule& lowered, const CostModel& cost, const Timeline&
     }
     if (!any) return false;
     if (gated == previous) continue;
-    if (GateForwards(lowered, cost, base, gated, gated_lowered, gated_times, copies, barriers)) {
+    // A choice whose gated step is sure to exceed the budget is not simulated: the bound is at
+    // or below any step its simulation can have (gated_step_bound.h; the margin covers the
+    // sums' rounding), so GateForwards would refuse it.
+    const bool too_slow = GatedStepLowerBound(lowered, times, cost, gated) >
+                          base.step_time * (1.0 + kOverheadBudget) * (1.0 + 1e-9);
+    if (!too_slow &&
+        GateForwards(lowered, cost, base, gated, gated_lowered, gated_times, copies, barriers)) {
       return true;
     }
     previous = std::move(gated);

@@ -77,6 +77,15 @@ bool GatedWarmup(const Schedule& lowered, const CostModel& cost, const Timeline&
                  Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
                  std::vector<GatedBarrier>* barriers);
 
+// GatedWarmup for one choice of forwards to gate (`gated`: per stage, program indices of F ops
+// in order, as GatedWarmup chooses them): false when its simulation hangs or is more than
+// kOverheadBudget slower than `base`, else true with the outputs as GatedWarmup's. Exposed for
+// the tests of the bound GatedWarmup asks first (gated_step_bound.h).
+bool GateForwards(const Schedule& lowered, const CostModel& cost, const Predictions& base,
+                  const std::vector<std::vector<int>>& gated, Schedule* gated_lowered,
+                  Timeline* gated_times, std::vector<std::vector<GatedCopy>>* copies,
+                  std::vector<GatedBarrier>* barriers);
+
 }  // namespace pipeoffload::internal
 
 #endif  // PIPEOFFLOAD_SCHEDULES_WARMUP_GATING_H_

@@ -16,6 +16,7 @@
 #include "schedules/offload_policy.h"
 #include "tests/testing/catch.h"
 #include "tests/testing/compile_threads.h"
+#include "tests/testing/offload_grid_costs.h"
 #include "tests/testing/schedule_builders.h"
 
 namespace pipeoffload::internal {
@@ -105,22 +106,6 @@ TEST_CASE("share bound: 1f1b p=4 m=8 by hand") {
 struct Tally {
   int cases = 0, link_binding = 0, share_binding = 0;
 };
-
-// The grid's cost models: unit costs at two link speeds, a slow link per stage, four stages on
-// one copy engine, P2P on the host links, and the GPT estimate.
-std::vector<CostModel> GridCosts() {
-  CostModel slow_link = UnitCostModel(1.0);
-  slow_link.host_link_group_size = 1;
-  CostModel shared = UnitCostModel(0.25);
-  shared.shared_copy_engine = true;
-  shared.host_link_group_size = 4;
-  CostModel p2p_on_link = UnitCostModel(0.25);
-  p2p_on_link.p2p_shares_host_link = true;
-  p2p_on_link.boundary_bytes = 1 << 18;
-  p2p_on_link.p2p_bandwidth = 1 << 20;
-  return {UnitCostModel(0.25), UnitCostModel(0.5), slow_link, shared, p2p_on_link,
-          EstimateGptCostModel(GptShape{})};
-}
 
 struct Policy {
   OffloadPolicy offload;
@@ -237,7 +222,7 @@ TEST_CASE("offload bounds: no offload plan the planner makes goes below them") {
                           {Family::kGroupInterleaved, 2, false},
                           {Family::kGroupInterleaved, 4, true}};
   Tally tally;
-  for (const CostModel& cost : GridCosts()) {
+  for (const CostModel& cost : testing::OffloadGridCosts()) {
     for (const Shape& shape : shapes) {
       for (const int p : {2, 4, 8}) {
         for (const int m : {8, 16}) {
@@ -262,7 +247,7 @@ TEST_CASE("offload bounds: V placement (zbv, dualpipev) plans do not go below th
   // Stage d holds virtual stages d and 2p - 1 - d: its two chunks' entries live on one device,
   // and the turn (virtual stages p - 1 and p, both on stage p - 1) hands over without a message.
   Tally tally;
-  for (const CostModel& cost : GridCosts()) {
+  for (const CostModel& cost : testing::OffloadGridCosts()) {
     for (const Family family : {Family::kZbv, Family::kDualPipeV}) {
       for (const int p : {2, 4, 8}) {
         for (const int m : {8, 16}) {
